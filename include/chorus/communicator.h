@@ -1,0 +1,153 @@
+// The communicator: a group of `size` ranks that run collectives together.
+//
+// Creation is collective: every rank of the group calls create() (or from_env()) with
+// the same store and options, and each returns once the group is fully connected.
+//
+// Threading: the issuing calls (allreduce, ...) may be made from any thread, but the
+// ranks must issue the same collectives in the same order. Each call checks its
+// arguments, queues the operation for the communicator's progress thread and returns a
+// Work at once. Operations complete in issue order.
+//
+// Buffers: `send`/`recv` pointers are raw memory owned by the caller; they must stay
+// valid until the Work completes. A count of 0 allows null pointers. "In place" is
+// spelled as in NCCL: pass the same pointer (for allgather, send == recv + rank*count;
+// for reduce_scatter, recv == send + rank*recv_count).
+//
+// Errors: argument errors throw InvalidArgumentError from the issuing call, before any
+// byte is sent, and leave the communicator usable. A failure during an operation (a
+// dead or misbehaving peer, a timeout) is reported through the Work, names the
+// operation, its sequence number, the peer's rank and host, and aborts the
+// communicator: queued and later operations fail at once with AbortedError.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chorus/store.h"
+#include "chorus/types.h"
+#include "chorus/work.h"
+
+namespace chorus {
+
+// Algorithms that can be forced with CommOptions::algorithm or CHORUS_ALGO.
+enum class Algorithm : uint8_t {
+  kAuto,                // chosen by message size
+  kRing,                // bandwidth-optimal, chunked and pipelined
+  kRecursiveDoubling,   // latency-optimal for small messages
+  kHalvingDoubling,     // reduce-scatter + allgather by recursive halving/doubling
+};
+const char* algorithm_name(Algorithm algorithm);
+
+struct CommOptions {
+  // The defaults below are those of an empty environment; from_env() reads it.
+  // Deadline of each operation (CHORUS_TIMEOUT, else HCCL_EXEC_TIMEOUT, else 30 min).
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Deadline to connect the group (CHORUS_CONNECT_TIMEOUT, else HCCL_CONNECT_TIMEOUT,
+  // else 120 s).
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
+  // Forced algorithm (CHORUS_ALGO), kAuto to choose by size.
+  Algorithm algorithm = Algorithm::kAuto;
+  // Shared secret that every connection must present (CHORUS_JOB_TOKEN).
+  std::string job_token;
+  // Name of this communicator in the store; ranks of different communicators sharing a
+  // store must use different names.
+  std::string comm_id = "world";
+  // Address to listen on and publish. Empty: chosen from CHORUS_IF_IP /
+  // CHORUS_SOCKET_IFNAME (or HCCL_IF_IP / HCCL_SOCKET_IFNAME), else the local address
+  // that routes to the store's host, else 127.0.0.1.
+  std::string listen_address;
+
+  // Options with every default read from the environment. Throws ConfigError on a bad
+  // value, naming the variable.
+  static CommOptions from_env();
+};
+
+class Communicator {
+ public:
+  // Connects rank `rank` of a group of `size` through `store`. Throws
+  // InvalidArgumentError for a bad rank/size, TimeoutError when the group is not
+  // complete within options.connect_timeout, PeerError when a handshake is refused
+  // (naming the field that did not match).
+  static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
+                                              CommOptions options = CommOptions::from_env());
+
+  // The `env://` start-up: RANK, WORLD_SIZE (both default to a 1-rank job when
+  // neither is set), MASTER_ADDR, MASTER_PORT; see store_from_env().
+  static std::shared_ptr<Communicator> from_env(CommOptions options = CommOptions::from_env());
+
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const CommOptions& options() const = 0;
+  // Host name of `rank` as it published it.
+  virtual const std::string& host_of(int rank) const = 0;
+
+  // recv = op over ranks of send (count elements each).
+  virtual Work allreduce(const void* send, void* recv, size_t count, DataType dtype,
+                         ReduceOp op) = 0;
+  Work allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+    return allreduce(buf, buf, count, dtype, op);
+  }
+  // recv on every rank = send of `root` (send is read only on root).
+  virtual Work broadcast(const void* send, void* recv, size_t count, DataType dtype,
+                         int root) = 0;
+  Work broadcast(void* buf, size_t count, DataType dtype, int root) {
+    return broadcast(buf, buf, count, dtype, root);
+  }
+  // recv on `root` = op over ranks of send; recv is not touched on other ranks.
+  virtual Work reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                      int root) = 0;
+  // recv[r*count ...] = send of rank r.
+  virtual Work allgather(const void* send, void* recv, size_t count, DataType dtype) = 0;
+  // recv holds the blocks of every rank, rank r's block of recv_counts[r] elements at
+  // displs[r] (empty displs: packed in rank order). send_count must equal
+  // recv_counts[rank].
+  virtual Work allgatherv(const void* send, size_t send_count, void* recv,
+                          std::span<const size_t> recv_counts, std::span<const size_t> displs,
+                          DataType dtype) = 0;
+  // recv (recv_count elements) = op over ranks of block `rank` of send
+  // (size*recv_count elements).
+  virtual Work reduce_scatter(const void* send, void* recv, size_t recv_count, DataType dtype,
+                              ReduceOp op) = 0;
+  // On root, recv[r*count ...] = send of rank r.
+  virtual Work gather(const void* send, void* recv, size_t count, DataType dtype, int root) = 0;
+  // recv on rank r = block r of root's send (size*count elements).
+  virtual Work scatter(const void* send, void* recv, size_t count, DataType dtype, int root) = 0;
+  // recv block p (count elements) = block `rank` of p's send.
+  virtual Work alltoall(const void* send, void* recv, size_t count, DataType dtype) = 0;
+  // Like alltoall with per-peer counts and displacements (in elements). What rank a
+  // sends to b must equal what b expects from a; this is checked on every rank before
+  // any data moves, and a mismatch fails the call on every rank with
+  // InvalidArgumentError.
+  virtual Work alltoallv(const void* send, std::span<const size_t> send_counts,
+                         std::span<const size_t> send_displs, void* recv,
+                         std::span<const size_t> recv_counts,
+                         std::span<const size_t> recv_displs, DataType dtype) = 0;
+  // Completes on every rank once every rank has issued it.
+  virtual Work barrier() = 0;
+  // Point to point. Messages between two ranks arrive in the order they were sent; a
+  // recv must match its send's count and dtype.
+  virtual Work send(const void* buf, size_t count, DataType dtype, int peer) = 0;
+  virtual Work recv(void* buf, size_t count, DataType dtype, int peer) = 0;
+
+  // Collective: ranks with the same `color` form a new communicator, ordered by `key`
+  // then by rank in this one. A negative color returns nullptr (the rank takes part
+  // in the exchange but joins no group).
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+
+  // Breaks the communicator: the running operation and every queued one fail with
+  // AbortedError, peers are told and their operations fail too. Idempotent.
+  virtual void abort(const std::string& reason) = 0;
+  virtual bool is_aborted() const = 0;
+
+  // The algorithm an operation of this kind and size would use now.
+  virtual Algorithm algorithm_for(const char* collective, size_t bytes) const = 0;
+};
+
+}  // namespace chorus

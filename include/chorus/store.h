@@ -1,0 +1,176 @@
+// The rendezvous store: a small key-value service through which the ranks of a job
+// find each other (addresses, topology, split colors).
+//
+// Threading: every Store implementation is safe to call from many threads at once.
+// Errors: every call throws chorus::Error. A deadline that passes throws TimeoutError
+// whose message names the keys still missing; a lost server throws StoreError.
+// Keys are byte strings of at most 4 KiB, values at most 64 MiB.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace chorus {
+
+using Bytes = std::vector<uint8_t>;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Sets `key` to `value`, waking every waiter on `key`.
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+
+  // Waits up to timeout() for `key` to exist, then returns its value.
+  virtual Bytes get(const std::string& key) = 0;
+
+  // Adds `delta` to the integer stored at `key` (absent counts as 0) and returns the
+  // new value. The value is kept as decimal text, so get() reads it as such.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+
+  // Atomically: if `key`'s value equals `expected` (or `key` is absent and `expected`
+  // is empty) it becomes `desired`. Returns the value the key holds afterwards.
+  virtual Bytes compare_set(const std::string& key, const Bytes& expected,
+                            const Bytes& desired) = 0;
+
+  // True when every key in `keys` exists right now. Never waits.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  // Waits until every key in `keys` exists, or throws TimeoutError naming the missing
+  // ones after `timeout`.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
+
+  // Removes `key`. Returns whether it existed.
+  virtual bool delete_key(const std::string& key) = 0;
+
+  // Number of keys in the store (all prefixes together).
+  virtual int64_t num_keys() = 0;
+
+  // Default deadline for get() and wait().
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+  // Convenience for text values.
+  void set(const std::string& key, const std::string& value) {
+    set(key, Bytes(value.begin(), value.end()));
+  }
+  std::string get_string(const std::string& key) {
+    Bytes b = get(key);
+    return std::string(b.begin(), b.end());
+  }
+
+ protected:
+  std::chrono::milliseconds timeout_{std::chrono::seconds(300)};
+};
+
+// A store held in this process's memory. For ranks that are threads of one process
+// (tests) and for single-process jobs.
+class InMemoryStore : public Store {
+ public:
+  InMemoryStore();
+  ~InMemoryStore() override;
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  using Store::wait;
+  using Store::set;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Puts `prefix` + "/" in front of every key and forwards to `base`. num_keys() counts
+// the whole base store. Shares ownership of `base`.
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> base);
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  using Store::wait;
+  using Store::set;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+
+  const std::string& prefix() const { return prefix_; }
+  const std::shared_ptr<Store>& base() const { return base_; }
+
+ private:
+  std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+  std::vector<std::string> full(const std::vector<std::string>& keys) const;
+  std::string prefix_;
+  std::shared_ptr<Store> base_;
+};
+
+// The TCP store server. Listens on `host:port` (port 0 picks a free one) and serves
+// any number of clients from one background thread. A malformed or oversized frame
+// drops only the client that sent it (the reason is logged); other clients carry on.
+// The destructor stops the thread and closes every connection.
+class TcpStoreServer {
+ public:
+  // Throws SystemError when the address cannot be bound; "address already in use"
+  // names the address and port.
+  TcpStoreServer(const std::string& host, uint16_t port);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  uint16_t port() const;
+  const std::string& host() const;
+
+  // Number of clients connected right now (for tests and diagnostics).
+  int num_clients() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A client of TcpStoreServer. Connects at construction, retrying until
+// `connect_timeout` passes (the server may start later than its clients). Every call
+// has a deadline; a call waiting on keys uses the store's timeout(). Calls from
+// several threads are serialized on the one connection.
+class TcpStore : public Store {
+ public:
+  TcpStore(const std::string& host, uint16_t port,
+           std::chrono::milliseconds connect_timeout = std::chrono::seconds(120));
+  ~TcpStore() override;
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  using Store::wait;
+  using Store::set;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+
+  const std::string& host() const;
+  uint16_t port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The store of an `env://` job: connects to MASTER_ADDR:MASTER_PORT (default
+// 127.0.0.1:29500). When `rank` is 0 and no launcher hosts the store
+// (CHORUS_STORE_HOSTED unset), a TcpStoreServer is started there first and kept
+// alive as long as the returned store. The store's timeout is the connect timeout.
+std::shared_ptr<Store> store_from_env(int rank);
+
+}  // namespace chorus

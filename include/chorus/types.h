@@ -1,0 +1,51 @@
+// Element types and reduction operators understood by every chorus collective.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace chorus {
+
+enum class DataType : uint8_t {
+  kFloat32,
+  kFloat64,
+  kFloat16,   // IEEE 754 binary16
+  kBFloat16,  // bfloat16 (upper half of a float32)
+  kInt8,
+  kUInt8,
+  kInt32,
+  kInt64,
+};
+
+// Reductions. kAvg is a sum divided by the communicator size (integer types divide
+// with truncation toward zero). For kFloat16 and kBFloat16 every pairwise step is
+// computed in float32 and rounded once to the element type.
+enum class ReduceOp : uint8_t {
+  kSum,
+  kProd,
+  kMin,
+  kMax,
+  kAvg,
+};
+
+inline constexpr DataType kAllDataTypes[] = {
+    DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+    DataType::kInt8,    DataType::kUInt8,   DataType::kInt32,   DataType::kInt64};
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
+                                             ReduceOp::kMax, ReduceOp::kAvg};
+
+// Size of one element in bytes.
+size_t dtype_size(DataType dtype);
+
+// Names used in messages, benchmarks and on the command line: "f32", "f64", "f16",
+// "bf16", "i8", "u8", "i32", "i64"; "sum", "prod", "min", "max", "avg".
+const char* dtype_name(DataType dtype);
+const char* op_name(ReduceOp op);
+
+// Parse the names above (also "float", "double", "half", "int", ...). Empty on failure.
+std::optional<DataType> parse_dtype(std::string_view name);
+std::optional<ReduceOp> parse_op(std::string_view name);
+
+}  // namespace chorus

@@ -1,0 +1,56 @@
+// What every algorithm gets: the transport, the group, the element type and the
+// reduction, and scratch memory owned by the communicator. Algorithms are plain
+// functions over this context, one per file, and see no sockets.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "chorus/types.h"
+#include "comm/core/reduce.h"
+#include "comm/transport/transport.h"
+
+namespace chorus::algorithms {
+
+// Reusable memory that grows to the largest request and is then kept. Independent
+// areas (0, 1, 2) let an algorithm that calls another keep its own buffers.
+class Scratch {
+ public:
+  static constexpr int kAreas = 3;
+  uint8_t* get(size_t bytes, int area = 0) {
+    std::vector<uint8_t>& b = buffers_[area];
+    if (b.size() < bytes) b.resize(bytes);
+    return b.data();
+  }
+
+ private:
+  std::vector<uint8_t> buffers_[kAreas];
+};
+
+struct Context {
+  transport::Transport& transport;
+  int rank;
+  int size;
+  DataType dtype;
+  size_t elem;          // bytes per element
+  ReduceFn reduce;      // null for collectives without reduction
+  bool average;         // divide the result by size (ReduceOp::kAvg)
+  Scratch& scratch;
+  size_t segment_bytes;  // pipelining unit of the ring and chain algorithms
+};
+
+// Element ranges of `count` split into `parts` nearly equal blocks (the first
+// count % parts blocks get one more).
+inline size_t block_begin(size_t count, int parts, int block) {
+  size_t base = count / parts, extra = count % parts;
+  size_t b = static_cast<size_t>(block);
+  return b * base + std::min(b, extra);
+}
+inline size_t block_count(size_t count, int parts, int block) {
+  return count / parts + (static_cast<size_t>(block) < count % parts ? 1 : 0);
+}
+
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+}  // namespace chorus::algorithms

@@ -1,0 +1,28 @@
+#include <cstring>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/ring_pipeline.h"
+
+namespace chorus::algorithms {
+
+void reduce_scatter_ring(const Context& ctx, const void* in, void* out, size_t count) {
+  const size_t bytes = count * ctx.elem;
+  if (ctx.size == 1) {
+    if (in != out && bytes > 0) std::memcpy(out, in, bytes);
+    finish_average(ctx, out, count);
+    return;
+  }
+  RingPlan plan;
+  for (int c = 0; c < ctx.size; ++c) {
+    plan.len.push_back(bytes);
+    plan.in_off.push_back(static_cast<size_t>(c) * bytes);
+    plan.out_off.push_back(0);  // no allgather steps
+  }
+  plan.in = static_cast<const uint8_t*>(in);
+  plan.own_dst = static_cast<uint8_t*>(out);
+  plan.own_src = plan.own_dst;
+  plan.rs_steps = ctx.size - 1;
+  run_ring(ctx, plan);
+}
+
+}  // namespace chorus::algorithms

@@ -1,0 +1,100 @@
+#include "comm/algorithms/ring_pipeline.h"
+
+#include <algorithm>
+#include <array>
+
+#include "comm/algorithms/algorithms.h"
+
+namespace chorus::algorithms {
+namespace {
+
+// Receive slots for reduce-scatter segments. A slot is reused only once the send that
+// forwarded its content has completed.
+constexpr int kSlots = 4;
+
+struct Segmenting {
+  size_t count = 1;  // segments per chunk
+  size_t bytes = 0;  // bytes per segment (a multiple of the element size)
+
+  Segmenting(size_t max_chunk, size_t elem, size_t segment_bytes) {
+    if (max_chunk == 0) return;
+    count = (max_chunk + segment_bytes - 1) / segment_bytes;
+    size_t per = (max_chunk + count - 1) / count;
+    bytes = (per + elem - 1) / elem * elem;
+  }
+  // Byte offset and length of segment k within a chunk of `len` bytes.
+  std::pair<size_t, size_t> range(size_t len, size_t k) const {
+    size_t off = std::min(k * bytes, len);
+    return {off, std::min(off + bytes, len) - off};
+  }
+};
+
+}  // namespace
+
+void run_ring(const Context& ctx, const RingPlan& plan) {
+  const int n = ctx.size, r = ctx.rank;
+  const int total_steps = plan.rs_steps + plan.ag_steps;
+  if (total_steps == 0) return;
+  transport::Transport& t = ctx.transport;
+  const int left = mod(r - 1, n), right = mod(r + 1, n);
+  const size_t max_chunk = *std::max_element(plan.len.begin(), plan.len.end());
+  const Segmenting seg(max_chunk, ctx.elem, ctx.segment_bytes);
+  const int rs = plan.rs_steps;
+
+  auto send_chunk = [&](int step) {
+    return step < rs ? mod(r - step - 1, n) : mod(r - (step - rs), n);
+  };
+  auto recv_chunk = [&](int step) {
+    return step < rs ? mod(r - step - 2, n) : mod(r - (step - rs) - 1, n);
+  };
+
+  // Step 0's sends need nothing received first.
+  int c0 = send_chunk(0);
+  for (size_t k = 0; k < seg.count; ++k) {
+    auto [off, len] = seg.range(plan.len[c0], k);
+    const uint8_t* src = rs > 0 ? plan.in + plan.in_off[c0] + off : plan.own_src + off;
+    t.isend(right, src, len);
+  }
+
+  uint8_t* slots = rs > 0 ? ctx.scratch.get(kSlots * seg.bytes, 0) : nullptr;
+  std::array<transport::Request, kSlots> slot_send{};
+  std::array<bool, kSlots> slot_busy{};
+  size_t item = 0;
+  for (int step = 0; step < total_steps; ++step) {
+    const int c = recv_chunk(step);
+    const bool last = step + 1 == total_steps;
+    for (size_t k = 0; k < seg.count; ++k) {
+      auto [off, len] = seg.range(plan.len[c], k);
+      if (step >= rs) {  // allgather: receive straight into place, forward from there
+        uint8_t* dst = plan.out + plan.out_off[c] + off;
+        t.wait(t.irecv(left, dst, len));
+        if (!last) t.isend(right, dst, len);
+        continue;
+      }
+      int s = static_cast<int>(item++ % kSlots);
+      if (slot_busy[s]) {
+        t.wait(slot_send[s]);
+        slot_busy[s] = false;
+      }
+      uint8_t* slot = slots + s * seg.bytes;
+      t.wait(t.irecv(left, slot, len));
+      const bool own = step == rs - 1;  // this chunk is now fully reduced: it is ours
+      uint8_t* dst = own ? plan.own_dst + off : slot;
+      ctx.reduce(dst, plan.in + plan.in_off[c] + off, slot, len / ctx.elem);
+      if (own) finish_average(ctx, dst, len / ctx.elem);
+      if (last) continue;
+      transport::Request req = t.isend(right, dst, len);
+      if (!own) {
+        slot_send[s] = req;
+        slot_busy[s] = true;
+      }
+    }
+  }
+  t.wait_all();
+}
+
+void finish_average(const Context& ctx, void* buf, size_t count) {
+  if (ctx.average && count > 0) chorus::finish_avg(buf, count, ctx.dtype, ctx.size);
+}
+
+}  // namespace chorus::algorithms

@@ -1,0 +1,41 @@
+// A point in time after which a wait must give up. Every wait in chorus has one.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+
+namespace chorus {
+
+class Deadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit Deadline(std::chrono::milliseconds from_now) : at_(Clock::now() + from_now) {}
+  static Deadline at(Clock::time_point t) {
+    Deadline d(std::chrono::milliseconds(0));
+    d.at_ = t;
+    return d;
+  }
+
+  bool expired() const { return Clock::now() >= at_; }
+  Clock::time_point time_point() const { return at_; }
+
+  // Milliseconds left, at least 0, capped at `cap_ms` (for poll()).
+  int remaining_ms(int cap_ms = 1 << 30) const {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now()).count();
+    if (left < 0) return 0;
+    return static_cast<int>(std::min<long long>(left + 1, cap_ms));
+  }
+  std::chrono::milliseconds remaining() const {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now());
+    return std::max(left, std::chrono::milliseconds(0));
+  }
+  Deadline earlier(const Deadline& other) const {
+    return at(std::min(at_, other.at_));
+  }
+
+ private:
+  Clock::time_point at_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,144 @@
+#include "comm/common/settings.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "chorus/error.h"
+
+namespace chorus::settings {
+namespace {
+
+using std::chrono::milliseconds;
+
+// First variable of the pair that is set (and not empty), with its name.
+std::optional<std::pair<std::string, std::string>> first_set(const char* a, const char* b) {
+  if (auto v = get_env(a)) return std::make_pair(std::string(a), *v);
+  if (b != nullptr) {
+    if (auto v = get_env(b)) return std::make_pair(std::string(b), *v);
+  }
+  return std::nullopt;
+}
+
+milliseconds duration_setting(const char* name, const char* fallback, milliseconds def) {
+  auto v = first_set(name, fallback);
+  if (!v) return def;
+  return parse_duration(v->first, v->second, std::chrono::seconds(1));
+}
+
+}  // namespace
+
+std::optional<std::string> get_env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int64_t parse_int(const std::string& name, const std::string& value, int64_t min, int64_t max) {
+  errno = 0;
+  char* end = nullptr;
+  long long n = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || end == value.c_str() || *end != '\0' || errno == ERANGE) {
+    throw ConfigError(name + "='" + value + "' is not an integer");
+  }
+  if (n < min || n > max) {
+    throw ConfigError(name + "=" + value + " is out of range [" + std::to_string(min) + ", " +
+                      std::to_string(max) + "]");
+  }
+  return n;
+}
+
+milliseconds parse_duration(const std::string& name, const std::string& value, milliseconds unit) {
+  size_t digits = 0;
+  while (digits < value.size() && (std::isdigit(static_cast<unsigned char>(value[digits])) ||
+                                   value[digits] == '.')) {
+    ++digits;
+  }
+  std::string number = value.substr(0, digits), suffix = value.substr(digits);
+  char* end = nullptr;
+  double n = number.empty() ? -1 : std::strtod(number.c_str(), &end);
+  double scale_ms;
+  if (suffix.empty()) scale_ms = static_cast<double>(unit.count());
+  else if (suffix == "ms") scale_ms = 1;
+  else if (suffix == "s") scale_ms = 1000;
+  else if (suffix == "m" || suffix == "min") scale_ms = 60e3;
+  else if (suffix == "h") scale_ms = 3600e3;
+  else scale_ms = -1;
+  if (n <= 0 || end == nullptr || *end != '\0' || scale_ms < 0 || n * scale_ms > 1e12) {
+    throw ConfigError(name + "='" + value +
+                      "' is not a positive duration (seconds, or a number with ms/s/m/h)");
+  }
+  return milliseconds(static_cast<int64_t>(n * scale_ms + 0.5));
+}
+
+milliseconds op_timeout() {
+  return duration_setting("CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", std::chrono::minutes(30));
+}
+
+milliseconds connect_timeout() {
+  return duration_setting("CHORUS_CONNECT_TIMEOUT", "HCCL_CONNECT_TIMEOUT",
+                          std::chrono::seconds(120));
+}
+
+std::string job_token() { return get_env("CHORUS_JOB_TOKEN").value_or(""); }
+
+std::string algorithm() { return get_env("CHORUS_ALGO").value_or("auto"); }
+
+std::string if_ip() {
+  auto v = first_set("CHORUS_IF_IP", "HCCL_IF_IP");
+  return v ? v->second : "";
+}
+
+std::string socket_ifname() {
+  auto v = first_set("CHORUS_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME");
+  return v ? v->second : "";
+}
+
+std::string master_addr() { return get_env("MASTER_ADDR").value_or("127.0.0.1"); }
+
+uint16_t master_port() {
+  auto v = get_env("MASTER_PORT");
+  return v ? static_cast<uint16_t>(parse_int("MASTER_PORT", *v, 1, 65535)) : 29500;
+}
+
+namespace {
+void check_rank_pair() {
+  bool has_rank = get_env("RANK").has_value(), has_size = get_env("WORLD_SIZE").has_value();
+  if (has_rank != has_size) {
+    throw ConfigError(std::string(has_rank ? "RANK is set but WORLD_SIZE is not"
+                                           : "WORLD_SIZE is set but RANK is not") +
+                      "; set both (env:// start-up) or neither (a 1-rank job)");
+  }
+}
+}  // namespace
+
+int world_size() {
+  check_rank_pair();
+  auto v = get_env("WORLD_SIZE");
+  return v ? static_cast<int>(parse_int("WORLD_SIZE", *v, 1, 1 << 20)) : 1;
+}
+
+int rank() {
+  check_rank_pair();
+  auto v = get_env("RANK");
+  if (!v) return 0;
+  int size = world_size();
+  return static_cast<int>(parse_int("RANK (with WORLD_SIZE=" + std::to_string(size) + ")", *v,
+                                    0, size - 1));
+}
+
+bool store_hosted() {
+  auto v = get_env("CHORUS_STORE_HOSTED");
+  return v && *v != "0";
+}
+
+int log_level() {
+  auto v = get_env("CHORUS_LOG_LEVEL");
+  if (!v) return 1;
+  if (*v == "error") return 0;
+  if (*v == "warn") return 1;
+  if (*v == "info") return 2;
+  if (*v == "debug") return 3;
+  throw ConfigError("CHORUS_LOG_LEVEL='" + *v + "' is not one of error, warn, info, debug");
+}
+
+}  // namespace chorus::settings

@@ -1,0 +1,44 @@
+// Every environment variable chorus_comm reads, each through one accessor with one
+// documented default (the README's table lists them). A bad value throws ConfigError
+// naming the variable and the value.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace chorus::settings {
+
+// CHORUS_TIMEOUT, else HCCL_EXEC_TIMEOUT (seconds), default 30 min. Durations accept
+// a plain number of seconds or a suffix: ms, s, m, h.
+std::chrono::milliseconds op_timeout();
+// CHORUS_CONNECT_TIMEOUT, else HCCL_CONNECT_TIMEOUT (seconds), default 120 s.
+std::chrono::milliseconds connect_timeout();
+// CHORUS_JOB_TOKEN, default empty.
+std::string job_token();
+// CHORUS_ALGO: auto | ring | rd (recursive doubling) | hd (halving-doubling).
+std::string algorithm();
+// CHORUS_IF_IP, else HCCL_IF_IP: the address to listen on. Empty when unset.
+std::string if_ip();
+// CHORUS_SOCKET_IFNAME, else HCCL_SOCKET_IFNAME: interface patterns. Empty when unset.
+std::string socket_ifname();
+// MASTER_ADDR, default 127.0.0.1.
+std::string master_addr();
+// MASTER_PORT, default 29500.
+uint16_t master_port();
+// RANK and WORLD_SIZE; both unset means rank 0 of 1. One without the other is an error.
+int rank();
+int world_size();
+// CHORUS_STORE_HOSTED=1: a launcher hosts the store, rank 0 must not start one.
+bool store_hosted();
+// CHORUS_LOG_LEVEL: error | warn | info | debug, default warn.
+int log_level();
+
+// Helpers shared by the accessors, exposed for tests.
+std::chrono::milliseconds parse_duration(const std::string& name, const std::string& value,
+                                         std::chrono::milliseconds unit);
+int64_t parse_int(const std::string& name, const std::string& value, int64_t min, int64_t max);
+std::optional<std::string> get_env(const char* name);
+
+}  // namespace chorus::settings

@@ -1,0 +1,289 @@
+// The issuing side of every collective: check arguments, then queue a body that runs
+// the chosen algorithm on the progress thread.
+#include <climits>
+#include <cstring>
+#include <numeric>
+
+#include "chorus/error.h"
+#include "comm/algorithms/algorithms.h"
+#include "comm/core/communicator_impl.h"
+#include "comm/core/validate.h"
+
+namespace chorus::internal {
+
+namespace alg = chorus::algorithms;
+using alg::Context;
+
+namespace {
+
+OpSpec spec(const char* name, DataType dtype) {
+  OpSpec s;
+  s.name = name;
+  s.dtype = dtype;
+  return s;
+}
+
+OpSpec reducing(const char* name, DataType dtype, ReduceOp op) {
+  OpSpec s = spec(name, dtype);
+  s.op = op;
+  s.reduces = true;
+  return s;
+}
+
+void check_op(const Validator& v, ReduceOp op) {
+  if (static_cast<int>(op) > static_cast<int>(ReduceOp::kAvg)) v.fail("unknown reduction op");
+}
+
+std::vector<size_t> packed_displs(std::span<const size_t> counts) {
+  std::vector<size_t> d(counts.size());
+  size_t at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    d[i] = at;
+    at += counts[i];
+  }
+  return d;
+}
+
+}  // namespace
+
+Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, DataType dtype,
+                                 ReduceOp op) {
+  Validator v("allreduce", rank_, size_);
+  size_t bytes = v.bytes(count, dtype, "count");
+  v.buffer(send, count, "send");
+  v.buffer(recv, count, "recv");
+  check_op(v, op);
+  Algorithm algo = algorithm_for("allreduce", bytes);
+  return enqueue(reducing("allreduce", dtype, op), [=](const Context& ctx) {
+    switch (algo) {
+      case Algorithm::kRing: return alg::allreduce_ring(ctx, send, recv, count);
+      case Algorithm::kHalvingDoubling:
+        return alg::allreduce_halving_doubling(ctx, send, recv, count);
+      default: return alg::allreduce_recursive_doubling(ctx, send, recv, count);
+    }
+  });
+}
+
+Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, DataType dtype,
+                                 int root) {
+  Validator v("broadcast", rank_, size_);
+  v.root(root);
+  size_t bytes = v.bytes(count, dtype, "count");
+  if (rank_ == root) v.buffer(send, count, "send");
+  v.buffer(recv, count, "recv");
+  Algorithm algo = algorithm_for("broadcast", bytes);
+  return enqueue(spec("broadcast", dtype), [=](const Context& ctx) {
+    if (ctx.rank == root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
+    if (algo == Algorithm::kRing) alg::broadcast_chain(ctx, recv, count, root);
+    else alg::broadcast_binomial(ctx, recv, count, root);
+  });
+}
+
+Work CommunicatorImpl::reduce(const void* send, void* recv, size_t count, DataType dtype,
+                              ReduceOp op, int root) {
+  Validator v("reduce", rank_, size_);
+  v.root(root);
+  size_t bytes = v.bytes(count, dtype, "count");
+  v.buffer(send, count, "send");
+  if (rank_ == root) v.buffer(recv, count, "recv");
+  check_op(v, op);
+  Algorithm algo = algorithm_for("reduce", bytes);
+  return enqueue(reducing("reduce", dtype, op), [=](const Context& ctx) {
+    if (algo == Algorithm::kRing) alg::reduce_ring(ctx, send, recv, count, root);
+    else alg::reduce_binomial(ctx, send, recv, count, root);
+  });
+}
+
+Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, DataType dtype) {
+  Validator v("allgather", rank_, size_);
+  v.bytes(count, dtype, "count");
+  if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
+  v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  v.buffer(send, count, "send");
+  v.buffer(recv, count, "recv");
+  return enqueue(spec("allgather", dtype), [=, this](const Context& ctx) {
+    std::vector<size_t> counts(size_, count), displs(size_);
+    for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
+    alg::allgatherv_ring(ctx, send, recv, counts, displs);
+  });
+}
+
+Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* recv,
+                                  std::span<const size_t> recv_counts,
+                                  std::span<const size_t> displs, DataType dtype) {
+  Validator v("allgatherv", rank_, size_);
+  v.counts(recv_counts, "recv_counts");
+  v.displs(recv_counts, displs, dtype, "displs");
+  v.bytes(v.extent(recv_counts, displs), dtype, "recv extent");
+  v.bytes(send_count, dtype, "send_count");
+  if (send_count != recv_counts[rank_]) {
+    v.fail("send_count " + std::to_string(send_count) + " differs from recv_counts[" +
+           std::to_string(rank_) + "] = " + std::to_string(recv_counts[rank_]));
+  }
+  v.buffer(send, send_count, "send");
+  v.buffer(recv, v.extent(recv_counts, displs), "recv");
+  std::vector<size_t> counts(recv_counts.begin(), recv_counts.end());
+  std::vector<size_t> offsets =
+      displs.empty() ? packed_displs(recv_counts) : std::vector<size_t>(displs.begin(), displs.end());
+  return enqueue(spec("allgatherv", dtype), [=](const Context& ctx) {
+    alg::allgatherv_ring(ctx, send, recv, counts, offsets);
+  });
+}
+
+Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_count,
+                                      DataType dtype, ReduceOp op) {
+  Validator v("reduce_scatter", rank_, size_);
+  v.bytes(recv_count, dtype, "recv_count");
+  if (recv_count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("recv_count * size overflows");
+  size_t total = recv_count * static_cast<size_t>(size_);
+  v.bytes(total, dtype, "recv_count * size");
+  v.buffer(send, total, "send");
+  v.buffer(recv, recv_count, "recv");
+  check_op(v, op);
+  return enqueue(reducing("reduce_scatter", dtype, op), [=](const Context& ctx) {
+    alg::reduce_scatter_ring(ctx, send, recv, recv_count);
+  });
+}
+
+Work CommunicatorImpl::gather(const void* send, void* recv, size_t count, DataType dtype,
+                              int root) {
+  Validator v("gather", rank_, size_);
+  v.root(root);
+  v.bytes(count, dtype, "count");
+  if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
+  v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  v.buffer(send, count, "send");
+  if (rank_ == root) v.buffer(recv, count, "recv");
+  return enqueue(spec("gather", dtype), [=](const Context& ctx) {
+    alg::gather_direct(ctx, send, recv, count, root);
+  });
+}
+
+Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataType dtype,
+                               int root) {
+  Validator v("scatter", rank_, size_);
+  v.root(root);
+  v.bytes(count, dtype, "count");
+  if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
+  v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  if (rank_ == root) v.buffer(send, count, "send");
+  v.buffer(recv, count, "recv");
+  return enqueue(spec("scatter", dtype), [=](const Context& ctx) {
+    alg::scatter_direct(ctx, send, recv, count, root);
+  });
+}
+
+Work CommunicatorImpl::alltoall(const void* send, void* recv, size_t count, DataType dtype) {
+  Validator v("alltoall", rank_, size_);
+  v.bytes(count, dtype, "count");
+  if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
+  size_t total_bytes = v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  v.buffer(send, count, "send");
+  v.buffer(recv, count, "recv");
+  return enqueue(spec("alltoall", dtype), [=, this](const Context& ctx) {
+    std::vector<size_t> counts(size_, count), displs(size_);
+    for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
+    const void* src = send;
+    if (send == recv && total_bytes > 0) {  // in place: keep a copy of what goes out
+      uint8_t* copy = ctx.scratch.get(total_bytes, 1);
+      std::memcpy(copy, send, total_bytes);
+      src = copy;
+    }
+    alg::alltoallv_pairwise(ctx, src, counts, displs, recv, counts, displs);
+  });
+}
+
+Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_counts,
+                                 std::span<const size_t> send_displs, void* recv,
+                                 std::span<const size_t> recv_counts,
+                                 std::span<const size_t> recv_displs, DataType dtype) {
+  Validator v("alltoallv", rank_, size_);
+  v.counts(send_counts, "send_counts");
+  v.counts(recv_counts, "recv_counts");
+  v.displs(send_counts, send_displs, dtype, "send_displs");
+  v.displs(recv_counts, recv_displs, dtype, "recv_displs");
+  size_t send_extent = v.extent(send_counts, send_displs);
+  size_t recv_extent = v.extent(recv_counts, recv_displs);
+  size_t send_bytes = v.bytes(send_extent, dtype, "send extent");
+  v.bytes(recv_extent, dtype, "recv extent");
+  v.buffer(send, send_extent, "send");
+  v.buffer(recv, recv_extent, "recv");
+  std::vector<size_t> sc(send_counts.begin(), send_counts.end());
+  std::vector<size_t> rc(recv_counts.begin(), recv_counts.end());
+  std::vector<size_t> sd = send_displs.empty() ? packed_displs(send_counts)
+                                               : std::vector<size_t>(send_displs.begin(), send_displs.end());
+  std::vector<size_t> rd = recv_displs.empty() ? packed_displs(recv_counts)
+                                               : std::vector<size_t>(recv_displs.begin(), recv_displs.end());
+  return enqueue(spec("alltoallv", dtype), [=, this](const Context& ctx) {
+    // Every rank learns what each peer will send it and checks it against what it
+    // expects; then all agree on the verdict, so that a mismatch fails everywhere
+    // before any data moves.
+    std::vector<size_t> ones(size_, 1), iota(size_);
+    std::iota(iota.begin(), iota.end(), 0);
+    std::vector<uint64_t> announced(size_);
+    Context meta = ctx;
+    meta.elem = sizeof(uint64_t);
+    alg::alltoallv_pairwise(meta, sc.data(), ones, iota, announced.data(), ones, iota);
+    int32_t first_bad = INT32_MAX;
+    std::string local;
+    for (int p = 0; p < size_; ++p) {
+      if (announced[p] != rc[p]) {
+        first_bad = rank_;
+        local = "rank " + std::to_string(p) + " sends " + std::to_string(announced[p]) +
+                " elements to rank " + std::to_string(rank_) + ", which expects " +
+                std::to_string(rc[p]);
+        break;
+      }
+    }
+    Context verdict = ctx;
+    verdict.dtype = DataType::kInt32;
+    verdict.elem = 4;
+    verdict.reduce = reduce_function(DataType::kInt32, ReduceOp::kMin);
+    verdict.average = false;
+    alg::allreduce_recursive_doubling(verdict, &first_bad, &first_bad, 1);
+    if (first_bad != INT32_MAX) {
+      throw InvalidArgumentError(
+          "alltoallv on rank " + std::to_string(rank_) + ": counts disagree between ranks (" +
+          (local.empty() ? "found by rank " + std::to_string(first_bad) : local) +
+          "); no data was sent");
+    }
+    const void* src = send;
+    if (send == recv && send_bytes > 0) {
+      uint8_t* copy = ctx.scratch.get(send_bytes, 1);
+      std::memcpy(copy, send, send_bytes);
+      src = copy;
+    }
+    alg::alltoallv_pairwise(ctx, src, sc, sd, recv, rc, rd);
+  });
+}
+
+Work CommunicatorImpl::barrier() {
+  return enqueue(spec("barrier", DataType::kUInt8),
+                 [](const Context& ctx) { alg::barrier_dissemination(ctx); });
+}
+
+Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int peer) {
+  Validator v("send", rank_, size_);
+  v.peer(peer);
+  size_t bytes = v.bytes(count, dtype, "count");
+  v.buffer(buf, count, "send");
+  OpSpec s = spec("send", dtype);
+  s.collective = false;
+  return enqueue(s, [=](const Context& ctx) {
+    ctx.transport.wait(ctx.transport.isend(peer, buf, bytes));
+  });
+}
+
+Work CommunicatorImpl::recv(void* buf, size_t count, DataType dtype, int peer) {
+  Validator v("recv", rank_, size_);
+  v.peer(peer);
+  size_t bytes = v.bytes(count, dtype, "count");
+  v.buffer(buf, count, "recv");
+  OpSpec s = spec("recv", dtype);
+  s.collective = false;
+  return enqueue(s, [=](const Context& ctx) {
+    ctx.transport.wait(ctx.transport.irecv(peer, buf, bytes));
+  });
+}
+
+}  // namespace chorus::internal

@@ -1,0 +1,239 @@
+#include "comm/core/communicator_impl.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "chorus/error.h"
+#include "comm/common/event.h"
+#include "comm/common/logging.h"
+#include "comm/common/settings.h"
+#include "comm/common/socket.h"
+#include "comm/core/reduce.h"
+#include "comm/transport/tcp/tcp_transport.h"
+
+namespace chorus {
+namespace internal {
+namespace {
+
+// Pipelining unit of the ring and chain algorithms: large enough that per-message
+// costs vanish, small enough that a segment stays in cache while it is reduced.
+constexpr size_t kSegmentBytes = 512 * 1024;
+
+// The host the store lives on, when it is a TCP store (possibly behind prefixes).
+std::string store_host(Store* store) {
+  while (auto* prefixed = dynamic_cast<PrefixStore*>(store)) store = prefixed->base().get();
+  if (auto* tcp = dynamic_cast<TcpStore*>(store)) return tcp->host();
+  return "";
+}
+
+std::string choose_listen_address(const CommOptions& options, Store* store) {
+  if (!options.listen_address.empty()) return options.listen_address;
+  std::string host = store_host(store);
+  if (!host.empty()) {
+    std::string local = net::local_address_towards(host);
+    if (!local.empty()) return local;
+  }
+  return "127.0.0.1";
+}
+
+}  // namespace
+
+CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int size,
+                                   CommOptions options)
+    : rank_(rank), size_(size), options_(std::move(options)), user_store_(std::move(store)) {
+  PrefixStore scoped("chorus/comm/" + options_.comm_id, user_store_);
+  transport::tcp::TcpOptions tcp;
+  tcp.listen_address = choose_listen_address(options_, user_store_.get());
+  tcp.comm_id = options_.comm_id;
+  tcp.token = options_.job_token;
+  tcp.connect_timeout = options_.connect_timeout;
+  transport_ = transport::tcp::connect_mesh(scoped, rank_, size_, tcp);
+  for (int r = 0; r < size_; ++r) hosts_.push_back(transport_->host_of(r));
+  thread_ = std::thread([this] { progress_loop(); });
+}
+
+CommunicatorImpl::~CommunicatorImpl() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  queue_signal_.fetch_add(1, std::memory_order_release);
+  futex_wake_all(queue_signal_);
+  if (thread_.joinable()) thread_.join();
+  if (!transport_aborted_) transport_->close();
+}
+
+const std::string& CommunicatorImpl::host_of(int rank) const { return hosts_.at(rank); }
+
+std::string CommunicatorImpl::where() const {
+  return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (host " +
+         hosts_[rank_] + ", communicator '" + options_.comm_id + "')";
+}
+
+Work CommunicatorImpl::enqueue(const OpSpec& spec, OpBody body) {
+  std::shared_ptr<WorkState> work;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t seq = spec.collective ? next_collective_++ : next_p2p_++;
+    std::string desc = std::string(spec.name) + " #" + std::to_string(seq);
+    work = std::make_shared<WorkState>(desc);
+    queue_.push_back(Op{spec, seq, std::move(body), work});
+  }
+  queue_signal_.fetch_add(1, std::memory_order_release);
+  futex_wake_all(queue_signal_);
+  return Work(work);
+}
+
+void CommunicatorImpl::progress_loop() {
+  while (true) {
+    uint32_t seen = queue_signal_.load(std::memory_order_acquire);
+    std::optional<Op> op;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!queue_.empty()) {
+        op.emplace(std::move(queue_.front()));
+        queue_.pop_front();
+      } else if (stopping_) {
+        return;
+      }
+    }
+    if (op) {
+      run(*op);
+      continue;
+    }
+    if (abort_requested_.load() && !transport_aborted_) {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      transport_->abort(abort_reason_);
+      transport_aborted_ = true;
+    }
+    // Idle: spin a little (the next collective usually follows at once), then sleep.
+    futex_wait_change(queue_signal_, seen,
+                      std::chrono::steady_clock::now() + std::chrono::seconds(1),
+                      std::chrono::microseconds(50));
+  }
+}
+
+void CommunicatorImpl::fail_aborted(Op& op) {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    reason = abort_reason_;
+  }
+  op.work->complete(std::make_exception_ptr(AbortedError(
+      op.work->description() + " on " + where() +
+      ": the communicator was aborted and cannot be used any more (rebuild it); cause: " +
+      reason)));
+}
+
+void CommunicatorImpl::run(Op& op) {
+  if (abort_requested_.load()) return fail_aborted(op);
+  transport::OpInfo info;
+  info.name = op.spec.name;
+  info.seq = op.seq;
+  info.kind = op.spec.collective ? transport::FrameKind::kCollective : transport::FrameKind::kP2P;
+  info.deadline = Deadline(options_.timeout);
+  transport_->begin(info);
+  algorithms::Context ctx{*transport_,
+                          rank_,
+                          size_,
+                          op.spec.dtype,
+                          dtype_size(op.spec.dtype),
+                          op.spec.reduces ? reduce_function(op.spec.dtype, op.spec.op) : nullptr,
+                          op.spec.reduces && op.spec.op == ReduceOp::kAvg,
+                          scratch_,
+                          kSegmentBytes};
+  try {
+    op.body(ctx);
+    op.work->complete(nullptr);
+  } catch (const InvalidArgumentError&) {
+    // Found by all ranks together before any data moved: the communicator stays usable.
+    op.work->complete(std::current_exception());
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    CHORUS_LOG(kError, reason);
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      if (!abort_requested_.load()) abort_reason_ = reason;
+      abort_requested_.store(true);
+    }
+    transport_->abort(reason);
+    transport_aborted_ = true;
+    if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(std::current_exception());
+    else op.work->complete(std::make_exception_ptr(SystemError(op.work->description() + ": " + reason)));
+  }
+}
+
+void CommunicatorImpl::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (abort_requested_.load()) return;
+    abort_reason_ = "abort() called on " + where() + ": " + reason;
+    abort_requested_.store(true);
+  }
+  transport_->interrupt(reason);
+  queue_signal_.fetch_add(1, std::memory_order_release);
+  futex_wake_all(queue_signal_);
+}
+
+Algorithm CommunicatorImpl::algorithm_for(const char* collective, size_t bytes) const {
+  std::string c = collective;
+  Algorithm forced = options_.algorithm;
+  if (c == "allreduce") {
+    if (forced != Algorithm::kAuto) return forced;
+    if (bytes <= 16 * 1024 || size_ == 1) return Algorithm::kRecursiveDoubling;
+    if (bytes <= 256 * 1024) return Algorithm::kHalvingDoubling;
+    return Algorithm::kRing;
+  }
+  if (c == "broadcast" || c == "reduce") {
+    if (forced == Algorithm::kRing) return Algorithm::kRing;
+    if (forced != Algorithm::kAuto) return Algorithm::kRecursiveDoubling;  // binomial tree
+    return bytes <= 64 * 1024 ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+  }
+  if (c == "allgather" || c == "allgatherv" || c == "reduce_scatter") return Algorithm::kRing;
+  return Algorithm::kAuto;  // direct / pairwise / dissemination: no choice to make
+}
+
+std::shared_ptr<Communicator> CommunicatorImpl::split(int color, int key) {
+  std::vector<int64_t> mine{color, key}, all(2 * static_cast<size_t>(size_));
+  allgather(mine.data(), all.data(), 2, DataType::kInt64).wait();
+  uint64_t split_index = split_count_++;
+  if (color < 0) return nullptr;
+  std::vector<int> members;
+  for (int r = 0; r < size_; ++r) {
+    if (all[2 * r] == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  CommOptions child = options_;
+  child.comm_id = options_.comm_id + "/split" + std::to_string(split_index) + "/color" +
+                  std::to_string(color);
+  return Communicator::create(user_store_, new_rank, static_cast<int>(members.size()), child);
+}
+
+}  // namespace internal
+
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank,
+                                                   int size, CommOptions options) {
+  if (!store) throw InvalidArgumentError("Communicator::create: store is null");
+  if (size < 1) {
+    throw InvalidArgumentError("Communicator::create: size " + std::to_string(size) +
+                               " must be at least 1");
+  }
+  if (rank < 0 || rank >= size) {
+    throw InvalidArgumentError("Communicator::create: rank " + std::to_string(rank) +
+                               " is out of range [0, " + std::to_string(size) + ")");
+  }
+  if (options.comm_id.empty()) throw InvalidArgumentError("Communicator::create: empty comm_id");
+  return std::make_shared<internal::CommunicatorImpl>(std::move(store), rank, size,
+                                                      std::move(options));
+}
+
+std::shared_ptr<Communicator> Communicator::from_env(CommOptions options) {
+  int size = settings::world_size();
+  int rank = settings::rank();
+  std::shared_ptr<Store> store = store_from_env(rank);
+  return create(std::move(store), rank, size, std::move(options));
+}
+
+}  // namespace chorus

@@ -1,0 +1,106 @@
+// The communicator behind the public interface: a transport, a queue of operations and
+// the progress thread that runs them in issue order.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/communicator.h"
+#include "comm/algorithms/context.h"
+#include "comm/core/work_state.h"
+#include "comm/transport/transport.h"
+
+namespace chorus::internal {
+
+// How an operation is run on the progress thread: it gets a context whose dtype and
+// reduction are already set.
+using OpBody = std::function<void(const algorithms::Context&)>;
+
+struct OpSpec {
+  const char* name;
+  bool collective = true;  // false: send/recv (per-stream sequence numbers)
+  DataType dtype = DataType::kUInt8;
+  ReduceOp op = ReduceOp::kSum;
+  bool reduces = false;
+};
+
+class CommunicatorImpl final : public Communicator,
+                               public std::enable_shared_from_this<CommunicatorImpl> {
+ public:
+  CommunicatorImpl(std::shared_ptr<Store> store, int rank, int size, CommOptions options);
+  ~CommunicatorImpl() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const CommOptions& options() const override { return options_; }
+  const std::string& host_of(int rank) const override;
+
+  Work allreduce(const void* send, void* recv, size_t count, DataType dtype,
+                 ReduceOp op) override;
+  Work broadcast(const void* send, void* recv, size_t count, DataType dtype, int root) override;
+  Work reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+              int root) override;
+  Work allgather(const void* send, void* recv, size_t count, DataType dtype) override;
+  Work allgatherv(const void* send, size_t send_count, void* recv,
+                  std::span<const size_t> recv_counts, std::span<const size_t> displs,
+                  DataType dtype) override;
+  Work reduce_scatter(const void* send, void* recv, size_t recv_count, DataType dtype,
+                      ReduceOp op) override;
+  Work gather(const void* send, void* recv, size_t count, DataType dtype, int root) override;
+  Work scatter(const void* send, void* recv, size_t count, DataType dtype, int root) override;
+  Work alltoall(const void* send, void* recv, size_t count, DataType dtype) override;
+  Work alltoallv(const void* send, std::span<const size_t> send_counts,
+                 std::span<const size_t> send_displs, void* recv,
+                 std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                 DataType dtype) override;
+  Work barrier() override;
+  Work send(const void* buf, size_t count, DataType dtype, int peer) override;
+  Work recv(void* buf, size_t count, DataType dtype, int peer) override;
+  std::shared_ptr<Communicator> split(int color, int key) override;
+  void abort(const std::string& reason) override;
+  bool is_aborted() const override { return abort_requested_.load(); }
+  Algorithm algorithm_for(const char* collective, size_t bytes) const override;
+
+ private:
+  struct Op {
+    OpSpec spec;
+    uint64_t seq;
+    OpBody body;
+    std::shared_ptr<WorkState> work;
+  };
+
+  Work enqueue(const OpSpec& spec, OpBody body);
+  void progress_loop();
+  void run(Op& op);
+  void fail_aborted(Op& op);
+  std::string where() const;
+
+  const int rank_, size_;
+  const CommOptions options_;
+  std::shared_ptr<Store> user_store_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::vector<std::string> hosts_;
+  algorithms::Scratch scratch_;
+
+  std::mutex mutex_;  // guards queue_, next_*, stopping_
+  std::deque<Op> queue_;
+  uint64_t next_collective_ = 0, next_p2p_ = 0;
+  bool stopping_ = false;
+  std::atomic<uint32_t> queue_signal_{0};
+
+  std::atomic<bool> abort_requested_{false};
+  std::mutex abort_mutex_;  // guards abort_reason_
+  std::string abort_reason_;
+  bool transport_aborted_ = false;  // progress thread only
+
+  uint64_t split_count_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace chorus::internal

@@ -1,0 +1,36 @@
+#include "chorus/communicator.h"
+#include "chorus/error.h"
+#include "comm/common/settings.h"
+#include "comm/common/socket.h"
+
+namespace chorus {
+
+namespace {
+Algorithm parse_algorithm(const std::string& name) {
+  if (name == "auto") return Algorithm::kAuto;
+  if (name == "ring") return Algorithm::kRing;
+  if (name == "rd" || name == "recursive_doubling") return Algorithm::kRecursiveDoubling;
+  if (name == "hd" || name == "halving_doubling") return Algorithm::kHalvingDoubling;
+  throw ConfigError("CHORUS_ALGO='" + name + "' is not one of auto, ring, rd, hd");
+}
+}  // namespace
+
+CommOptions CommOptions::from_env() {
+  CommOptions o;
+  o.timeout = settings::op_timeout();
+  o.connect_timeout = settings::connect_timeout();
+  o.algorithm = parse_algorithm(settings::algorithm());
+  o.job_token = settings::job_token();
+  o.listen_address = settings::if_ip();
+  if (o.listen_address.empty()) {
+    std::string patterns = settings::socket_ifname();
+    if (!patterns.empty()) {
+      o.listen_address = net::address_for_interfaces(
+          patterns, settings::get_env("CHORUS_SOCKET_IFNAME") ? "CHORUS_SOCKET_IFNAME"
+                                                              : "HCCL_SOCKET_IFNAME");
+    }
+  }
+  return o;
+}
+
+}  // namespace chorus

@@ -1,0 +1,75 @@
+#include "comm/core/validate.h"
+
+#include <limits>
+
+#include "chorus/error.h"
+
+namespace chorus::internal {
+
+constexpr size_t kMaxBytes = size_t{1} << 62;
+
+void Validator::fail(const std::string& message) const {
+  throw InvalidArgumentError(std::string(op_) + " on rank " + std::to_string(rank_) + " of " +
+                             std::to_string(size_) + ": " + message);
+}
+
+size_t Validator::bytes(size_t count, DataType dtype, const char* what) const {
+  size_t elem = dtype_size(dtype);
+  if (elem == 0) fail(std::string("unknown data type for ") + what);
+  if (count > kMaxBytes / elem) {
+    fail(std::string(what) + " of " + std::to_string(count) + " elements of " +
+         dtype_name(dtype) + " overflows the byte size");
+  }
+  return count * elem;
+}
+
+void Validator::buffer(const void* p, size_t count, const char* what) const {
+  if (p == nullptr && count > 0) {
+    fail(std::string(what) + " buffer is null but count is " + std::to_string(count));
+  }
+}
+
+void Validator::root(int root) const {
+  if (root < 0 || root >= size_) {
+    fail("root " + std::to_string(root) + " is out of range [0, " + std::to_string(size_) + ")");
+  }
+}
+
+void Validator::peer(int peer) const {
+  if (peer < 0 || peer >= size_) {
+    fail("peer " + std::to_string(peer) + " is out of range [0, " + std::to_string(size_) + ")");
+  }
+  if (peer == rank_) fail("peer " + std::to_string(peer) + " is this rank itself");
+}
+
+void Validator::counts(std::span<const size_t> counts, const char* what) const {
+  if (counts.size() != static_cast<size_t>(size_)) {
+    fail(std::string(what) + " has " + std::to_string(counts.size()) + " entries, expected " +
+         std::to_string(size_));
+  }
+}
+
+void Validator::displs(std::span<const size_t> counts, std::span<const size_t> displs,
+                       DataType dtype, const char* what) const {
+  if (displs.empty()) return;
+  this->counts(displs, what);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (displs[i] > kMaxBytes || counts[i] > kMaxBytes - displs[i]) {
+      fail(std::string(what) + "[" + std::to_string(i) + "] + count overflows");
+    }
+    bytes(displs[i] + counts[i], dtype, what);
+  }
+}
+
+size_t Validator::extent(std::span<const size_t> counts, std::span<const size_t> displs) const {
+  size_t end = 0, packed = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    size_t start = displs.empty() ? packed : displs[i];
+    if (counts[i] > kMaxBytes - start) fail("block " + std::to_string(i) + " overflows");
+    end = std::max(end, start + counts[i]);
+    packed = start + counts[i];
+  }
+  return end;
+}
+
+}  // namespace chorus::internal

@@ -1,0 +1,590 @@
+#include "comm/transport/tcp/tcp_transport.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "chorus/error.h"
+#include "comm/common/logging.h"
+#include "comm/common/socket.h"
+#include "comm/transport/tcp/frame.h"
+#include "comm/transport/tcp/handshake.h"
+
+namespace chorus::transport::tcp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a wait keeps retrying non-blocking I/O before sleeping in poll(). Short:
+// it only hides the kernel's wake-up latency for small messages.
+constexpr auto kSpin = std::chrono::microseconds(30);
+// How often a blocked wait wakes to re-check deadlines.
+constexpr int kPollSliceMs = 500;
+constexpr int kMaxIov = 64;
+
+struct SendEntry {
+  FrameHeader header;
+  const uint8_t* data;
+  size_t done = 0;  // bytes of header + payload written
+};
+
+struct RecvEntry {
+  FrameHeader want;
+  FrameHeader got;
+  uint8_t* data;
+  size_t done = 0;  // bytes of header + payload read
+};
+
+struct Peer {
+  net::Fd fd;
+  std::string host;
+  std::string address;
+  std::deque<SendEntry> sends;
+  std::deque<RecvEntry> recvs;
+  uint64_t sends_posted = 0, sends_done = 0;
+  uint64_t recvs_posted = 0, recvs_done = 0;
+  uint32_t p2p_sent = 0, p2p_received = 0;
+  bool said_goodbye = false;
+  // Whether poll() should watch an idle stream for the peer closing it.
+  bool watch_close = true;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(int rank, int size, std::vector<Peer> peers)
+      : rank_(rank), size_(size), peers_(std::move(peers)),
+        wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (!wakeup_.valid()) net::throw_errno("eventfd", errno);
+  }
+  ~TcpTransport() override { close(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& host_of(int rank) const override { return peers_[rank].host; }
+  void begin(const OpInfo& op) override { op_ = op; }
+
+  Request isend(int peer, const void* data, size_t len) override;
+  Request irecv(int peer, void* data, size_t len) override;
+  void wait(const Request& request) override;
+  void wait_all() override;
+  void interrupt(const std::string& reason) override;
+  void abort(const std::string& reason) override;
+  void close() override;
+
+ private:
+  void check_interrupt();
+  bool done(const Request& r) const {
+    const Peer& p = peers_[r.peer];
+    return r.is_send ? p.sends_done > r.index : p.recvs_done > r.index;
+  }
+  bool all_done() const;
+  template <class Pred> void drive_until(Pred pred);
+  bool progress_all();
+  bool progress_sends(int peer);
+  bool progress_recvs(int peer);
+  void poll_once();
+  void check_idle_peer(int peer);
+  void finish_header(int peer, RecvEntry& e, size_t payload_bytes_read);
+  std::string read_control_text(int peer, const RecvEntry& e, size_t already);
+  void send_control(FrameKind kind, const std::string& text);
+
+  std::string op_name() const { return std::string(op_.name) + " #" + std::to_string(op_.seq); }
+  std::string peer_name(int peer) const {
+    return "rank " + std::to_string(peer) + " (host " + peers_[peer].host + ", " +
+           peers_[peer].address + ")";
+  }
+  std::string here() const {
+    return "rank " + std::to_string(rank_) + " (host " + peers_[rank_].host + ")";
+  }
+  [[noreturn]] void fail_peer(int peer, const std::string& what) const {
+    throw PeerError(op_name() + " failed on " + here() + ": " + what);
+  }
+  [[noreturn]] void fail_timeout() const;
+
+  int rank_, size_;
+  std::vector<Peer> peers_;
+  OpInfo op_;
+  bool closed_ = false;
+  net::Fd wakeup_;  // eventfd: interrupt() makes poll() return
+  std::atomic<bool> interrupted_{false};
+  std::mutex interrupt_mutex_;
+  std::string interrupt_reason_;
+};
+
+void TcpTransport::interrupt(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mutex_);
+    if (interrupted_.load()) return;
+    interrupt_reason_ = reason;
+  }
+  interrupted_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t ignored = ::write(wakeup_.get(), &one, sizeof one);
+  (void)ignored;
+}
+
+void TcpTransport::check_interrupt() {
+  if (!interrupted_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(interrupt_mutex_);
+  throw AbortedError(op_name() + " on " + here() + " was aborted: " + interrupt_reason_);
+}
+
+Request TcpTransport::isend(int peer, const void* data, size_t len) {
+  Peer& p = peers_[peer];
+  SendEntry e;
+  e.header.kind = static_cast<uint8_t>(op_.kind);
+  e.header.seq = op_.kind == FrameKind::kP2P ? ++p.p2p_sent : static_cast<uint32_t>(op_.seq);
+  e.header.length = len;
+  e.data = static_cast<const uint8_t*>(data);
+  p.sends.push_back(e);
+  return Request{peer, true, p.sends_posted++};
+}
+
+Request TcpTransport::irecv(int peer, void* data, size_t len) {
+  Peer& p = peers_[peer];
+  RecvEntry e;
+  e.want.kind = static_cast<uint8_t>(op_.kind);
+  e.want.seq = op_.kind == FrameKind::kP2P ? ++p.p2p_received : static_cast<uint32_t>(op_.seq);
+  e.want.length = len;
+  e.data = static_cast<uint8_t*>(data);
+  p.recvs.push_back(e);
+  return Request{peer, false, p.recvs_posted++};
+}
+
+bool TcpTransport::all_done() const {
+  for (const Peer& p : peers_) {
+    if (!p.sends.empty() || !p.recvs.empty()) return false;
+  }
+  return true;
+}
+
+void TcpTransport::wait(const Request& request) {
+  drive_until([&] { return done(request); });
+}
+
+void TcpTransport::wait_all() {
+  drive_until([&] { return all_done(); });
+}
+
+template <class Pred>
+void TcpTransport::drive_until(Pred pred) {
+  if (closed_) throw AbortedError(op_name() + " on " + here() + ": the transport is closed");
+  if (pred()) return;
+  auto spin_until = Clock::now() + kSpin;
+  while (true) {
+    bool moved = progress_all();
+    if (pred()) return;
+    if (Clock::now() < spin_until) {
+      if (!moved) sched_yield();
+      continue;
+    }
+    check_interrupt();
+    if (op_.deadline.expired()) fail_timeout();
+    poll_once();
+    if (pred()) return;
+  }
+}
+
+bool TcpTransport::progress_all() {
+  bool moved = false;
+  for (int i = 0; i < size_; ++i) {
+    if (i == rank_) continue;
+    if (!peers_[i].sends.empty()) moved |= progress_sends(i);
+    if (!peers_[i].recvs.empty()) moved |= progress_recvs(i);
+  }
+  return moved;
+}
+
+bool TcpTransport::progress_sends(int peer) {
+  Peer& p = peers_[peer];
+  bool moved = false;
+  while (!p.sends.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = p.sends.begin(); it != p.sends.end() && n + 2 <= kMaxIov; ++it) {
+      size_t total = sizeof(FrameHeader) + it->header.length;
+      size_t off = it->done;
+      if (off < sizeof(FrameHeader)) {
+        iov[n++] = {reinterpret_cast<uint8_t*>(&it->header) + off, sizeof(FrameHeader) - off};
+        off = sizeof(FrameHeader);
+      }
+      if (off < total) {
+        iov[n++] = {const_cast<uint8_t*>(it->data) + (off - sizeof(FrameHeader)), total - off};
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = ::sendmsg(p.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+      fail_peer(peer, "sending to " + peer_name(peer) + " failed: " + std::strerror(errno) +
+                          " (the peer process died or closed the connection)");
+    }
+    moved = true;
+    auto left = static_cast<size_t>(w);
+    while (left > 0) {
+      SendEntry& e = p.sends.front();
+      size_t total = sizeof(FrameHeader) + e.header.length;
+      size_t take = std::min(left, total - e.done);
+      e.done += take;
+      left -= take;
+      if (e.done == total) {
+        p.sends.pop_front();
+        ++p.sends_done;
+      }
+    }
+    // Zero-length frames are complete once their header is out; loop to flush more.
+  }
+  return moved;
+}
+
+bool TcpTransport::progress_recvs(int peer) {
+  Peer& p = peers_[peer];
+  bool moved = false;
+  while (!p.recvs.empty()) {
+    RecvEntry& e = p.recvs.front();
+    size_t total = sizeof(FrameHeader) + e.want.length;
+    iovec iov[2];
+    int n = 0;
+    size_t off = e.done;
+    if (off < sizeof(FrameHeader)) {
+      iov[n++] = {reinterpret_cast<uint8_t*>(&e.got) + off, sizeof(FrameHeader) - off};
+      off = sizeof(FrameHeader);
+    }
+    if (off < total) iov[n++] = {e.data + (off - sizeof(FrameHeader)), total - off};
+    ssize_t r = ::readv(p.fd.get(), iov, n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+      fail_peer(peer, "receiving from " + peer_name(peer) + " failed: " + std::strerror(errno) +
+                          " (the peer process died or closed the connection)");
+    }
+    if (r == 0) {
+      fail_peer(peer, peer_name(peer) + " closed the connection while " +
+                          std::to_string(e.want.length) + " bytes were expected from it" +
+                          (p.said_goodbye ? " (it had left the communicator cleanly: did the "
+                                            "ranks issue different operations?)"
+                                          : " (the peer process died or aborted)"));
+    }
+    moved = true;
+    size_t before = e.done;
+    e.done += static_cast<size_t>(r);
+    if (before < sizeof(FrameHeader) && e.done >= sizeof(FrameHeader)) {
+      finish_header(peer, e, e.done - sizeof(FrameHeader));
+    }
+    if (e.done == total) {
+      p.recvs.pop_front();
+      ++p.recvs_done;
+    }
+  }
+  return moved;
+}
+
+// Checks a header once it is complete. `payload_read` bytes after it already went to
+// the receive buffer.
+void TcpTransport::finish_header(int peer, RecvEntry& e, size_t payload_read) {
+  const FrameHeader& g = e.got;
+  if (g.magic != kFrameMagic) {
+    fail_peer(peer, "corrupt frame from " + peer_name(peer) + " (bad magic number)");
+  }
+  auto kind = static_cast<FrameKind>(g.kind);
+  if (kind == FrameKind::kAbort) {
+    fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, payload_read));
+  }
+  if (kind == FrameKind::kGoodbye) {
+    fail_peer(peer, peer_name(peer) + " left the communicator while this rank expected " +
+                        std::to_string(e.want.length) +
+                        " bytes from it (did the ranks issue different operations?)");
+  }
+  if (g.kind != e.want.kind || g.seq != e.want.seq || g.length != e.want.length) {
+    std::ostringstream m;
+    m << "mismatched message from " << peer_name(peer) << ": expected a "
+      << frame_kind_name(e.want.kind) << " frame #" << e.want.seq << " of " << e.want.length
+      << " bytes, got a " << frame_kind_name(g.kind) << " frame #" << g.seq << " of "
+      << g.length << " bytes (the ranks issued different operations, counts or types)";
+    fail_peer(peer, m.str());
+  }
+}
+
+std::string TcpTransport::read_control_text(int peer, const RecvEntry& e, size_t already) {
+  size_t len = std::min<uint64_t>(e.got.length, kMaxControlPayload);
+  std::string text(len, '\0');
+  size_t have = std::min(already, len);
+  std::memcpy(text.data(), e.data, have);
+  try {
+    net::read_full(peers_[peer].fd.get(), text.data() + have, len - have,
+                   Deadline(std::chrono::seconds(1)), "reading abort reason");
+  } catch (const Error&) {
+    text.resize(have);
+  }
+  return text;
+}
+
+void TcpTransport::poll_once() {
+  std::vector<pollfd> fds;
+  std::vector<int> who;
+  fds.reserve(size_ + 1);
+  fds.push_back({wakeup_.get(), POLLIN, 0});
+  who.push_back(-1);
+  for (int i = 0; i < size_; ++i) {
+    Peer& p = peers_[i];
+    if (i == rank_ || !p.fd.valid()) continue;
+    short ev = 0;
+    if (!p.recvs.empty()) ev |= POLLIN;
+    if (!p.sends.empty()) ev |= POLLOUT;
+    if (p.watch_close) ev |= POLLRDHUP;
+    if (ev == 0) continue;
+    fds.push_back({p.fd.get(), ev, 0});
+    who.push_back(i);
+  }
+  int rc = ::poll(fds.data(), fds.size(), op_.deadline.remaining_ms(kPollSliceMs));
+  if (rc < 0 && errno != EINTR) net::throw_errno("poll", errno);
+  for (size_t k = 0; rc > 0 && k < fds.size(); ++k) {
+    int i = who[k];
+    short re = fds[k].revents;
+    if (re == 0) continue;
+    if (i < 0) {
+      check_interrupt();
+      continue;
+    }
+    if (re & (POLLOUT | POLLERR | POLLHUP)) {
+      if (!peers_[i].sends.empty()) progress_sends(i);
+    }
+    if (re & (POLLIN | POLLRDHUP | POLLERR | POLLHUP)) {
+      if (!peers_[i].recvs.empty()) progress_recvs(i);
+      else check_idle_peer(i);
+    }
+  }
+}
+
+// A stream with nothing expected on it reported a close or error. A dead peer leaves
+// no bytes behind; a clean goodbye or an abort leaves a control frame; data for a later
+// operation is left for that operation to read.
+void TcpTransport::check_idle_peer(int peer) {
+  Peer& p = peers_[peer];
+  int avail = 0;
+  if (ioctl(p.fd.get(), FIONREAD, &avail) != 0) avail = 0;
+  if (avail == 0) {
+    fail_peer(peer, peer_name(peer) + " closed its connection to this rank (the peer process "
+                                      "died or aborted)");
+  }
+  FrameHeader h;
+  ssize_t n = avail >= static_cast<int>(sizeof h)
+                  ? ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT)
+                  : 0;
+  p.watch_close = false;
+  if (n != static_cast<ssize_t>(sizeof h) || h.magic != kFrameMagic) return;
+  if (h.kind == static_cast<uint8_t>(FrameKind::kGoodbye)) {
+    std::vector<uint8_t> sink(sizeof h + std::min<uint64_t>(h.length, kMaxControlPayload));
+    ::recv(p.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+    p.said_goodbye = true;
+  } else if (h.kind == static_cast<uint8_t>(FrameKind::kAbort)) {
+    ::recv(p.fd.get(), &h, sizeof h, MSG_DONTWAIT);
+    RecvEntry e;
+    e.got = h;
+    e.data = nullptr;
+    fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, 0));
+  }
+}
+
+void TcpTransport::fail_timeout() const {
+  std::ostringstream m;
+  m << op_name() << " timed out on " << here() << "; still waiting:";
+  for (int i = 0; i < size_; ++i) {
+    const Peer& p = peers_[i];
+    for (const RecvEntry& e : p.recvs) {
+      m << " to receive " << (sizeof(FrameHeader) + e.want.length - e.done) << " bytes from "
+        << peer_name(i) << ";";
+      break;
+    }
+    for (const SendEntry& e : p.sends) {
+      m << " to send " << (sizeof(FrameHeader) + e.header.length - e.done) << " bytes to "
+        << peer_name(i) << " (not reading);";
+      break;
+    }
+  }
+  m << " (a peer is stopped, hung, or behind in a different operation)";
+  throw TimeoutError(m.str());
+}
+
+void TcpTransport::send_control(FrameKind kind, const std::string& text) {
+  std::string body = text.substr(0, kMaxControlPayload);
+  FrameHeader h;
+  h.kind = static_cast<uint8_t>(kind);
+  h.length = body.size();
+  for (int i = 0; i < size_; ++i) {
+    Peer& p = peers_[i];
+    if (i == rank_ || !p.fd.valid()) continue;
+    // A frame half-written would make the control frame unreadable: then only close.
+    bool mid_frame = !p.sends.empty() && p.sends.front().done > 0;
+    if (!mid_frame) {
+      iovec iov[2] = {{&h, sizeof h}, {body.data(), body.size()}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      ::sendmsg(p.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    // Drain what the peer sent so that close() sends FIN, not RST.
+    char sink[4096];
+    while (::recv(p.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    }
+    ::shutdown(p.fd.get(), SHUT_WR);
+    p.fd.reset();
+    p.sends.clear();
+    p.recvs.clear();
+  }
+}
+
+void TcpTransport::abort(const std::string& reason) {
+  if (closed_) return;
+  closed_ = true;
+  send_control(FrameKind::kAbort, reason);
+}
+
+void TcpTransport::close() {
+  if (closed_) return;
+  closed_ = true;
+  send_control(FrameKind::kGoodbye, "");
+}
+
+// ---- connection set-up ----
+
+std::string address_key(int rank) { return "tcp/" + std::to_string(rank); }
+
+struct Published {
+  std::string ip;
+  uint16_t port = 0;
+  std::string host;
+};
+
+Published parse_published(const std::string& value, int rank) {
+  std::istringstream in(value);
+  Published p;
+  in >> p.ip >> p.port >> p.host;
+  if (p.ip.empty() || p.port == 0) {
+    throw StoreError("rank " + std::to_string(rank) + " published a malformed address '" +
+                     value + "'");
+  }
+  return p;
+}
+
+std::vector<Published> exchange_addresses(Store& store, int rank, int size,
+                                          const TcpOptions& opt, const net::Fd& listener) {
+  net::SockAddr bound = net::local_address(listener.get());
+  std::string me = opt.listen_address + " " + std::to_string(bound.port()) + " " + net::hostname();
+  store.set(address_key(rank), me);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(address_key(r));
+  try {
+    store.wait(keys, opt.connect_timeout);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("connecting communicator '" + opt.comm_id + "' (rank " +
+                       std::to_string(rank) + " of " + std::to_string(size) +
+                       "): not every rank published its address within the connect timeout: " +
+                       e.what());
+  }
+  std::vector<Published> out;
+  for (int r = 0; r < size; ++r) out.push_back(parse_published(store.get_string(keys[r]), r));
+  return out;
+}
+
+void connect_lower(std::vector<Peer>& peers, const std::vector<Published>& addrs, int rank,
+                   int size, const TcpOptions& opt, const Deadline& deadline) {
+  for (int r = 0; r < rank; ++r) {
+    std::string what = "rank " + std::to_string(rank) + " connecting to rank " +
+                       std::to_string(r) + " (host " + addrs[r].host + ")";
+    peers[r].fd = net::connect_to(addrs[r].ip, addrs[r].port, deadline, what);
+    Hello h;
+    h.from_rank = rank;
+    h.to_rank = r;
+    h.size = size;
+    h.comm_id = opt.comm_id;
+    h.token = opt.token;
+    send_hello(peers[r].fd.get(), h, deadline);
+  }
+}
+
+void accept_higher(std::vector<Peer>& peers, int rank, int size, const TcpOptions& opt,
+                   const net::Fd& listener, const Deadline& deadline) {
+  Expected expected{rank, size, opt.comm_id, opt.token};
+  int missing = size - 1 - rank;
+  std::string last_refusal;
+  while (missing > 0) {
+    net::SockAddr from;
+    net::Fd fd = net::accept_before(listener.get(), deadline, &from);
+    if (!fd.valid()) {
+      std::string who;
+      for (int r = rank + 1; r < size; ++r) {
+        if (!peers[r].fd.valid()) who += " " + std::to_string(r);
+      }
+      throw TimeoutError("connecting communicator '" + opt.comm_id + "': rank " +
+                         std::to_string(rank) + " never got a valid connection from rank(s)" +
+                         who + " within the connect timeout" +
+                         (last_refusal.empty() ? "" : "; last refused: " + last_refusal));
+    }
+    try {
+      Deadline hello_deadline = deadline.earlier(Deadline(std::chrono::seconds(10)));
+      Hello h = read_hello(fd.get(), hello_deadline);
+      auto refusal = check_hello(h, expected);
+      if (!refusal && peers[h.from_rank].fd.valid()) refusal = "duplicate connection from rank " + std::to_string(h.from_rank);
+      send_reply(fd.get(), refusal.value_or(""), hello_deadline);
+      if (refusal) {
+        last_refusal = from.str() + ": " + *refusal;
+        CHORUS_LOG(kWarn, "rank " << rank << " refused a connection from " << from.str() << ": "
+                                  << *refusal);
+        continue;
+      }
+      peers[h.from_rank].fd = std::move(fd);
+      --missing;
+    } catch (const Error& e) {
+      last_refusal = from.str() + ": " + e.what();
+      CHORUS_LOG(kWarn, "rank " << rank << " dropped a connection from " << from.str() << ": "
+                                << e.what());
+    }
+  }
+}
+
+void read_replies(std::vector<Peer>& peers, int rank, const Deadline& deadline) {
+  for (int r = 0; r < rank; ++r) {
+    std::string refusal = read_reply(peers[r].fd.get(), deadline);
+    if (!refusal.empty()) {
+      throw PeerError("rank " + std::to_string(r) + " (host " + peers[r].host +
+                      ") refused the connection from rank " + std::to_string(rank) + ": " +
+                      refusal);
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size, const TcpOptions& opt) {
+  Deadline deadline(opt.connect_timeout);
+  net::Fd listener = net::listen_on(opt.listen_address, 0);
+  std::vector<Published> addrs = exchange_addresses(store, rank, size, opt, listener);
+  std::vector<Peer> peers(size);
+  for (int r = 0; r < size; ++r) {
+    peers[r].host = addrs[r].host;
+    peers[r].address = addrs[r].ip + ":" + std::to_string(addrs[r].port);
+  }
+  connect_lower(peers, addrs, rank, size, opt, deadline);
+  accept_higher(peers, rank, size, opt, listener, deadline);
+  read_replies(peers, rank, deadline);
+  return std::make_unique<TcpTransport>(rank, size, std::move(peers));
+}
+
+}  // namespace chorus::transport::tcp

@@ -1,0 +1,85 @@
+// The transport interface: moves bytes between two ranks of a communicator.
+// Algorithms see only this interface, never sockets or shared memory.
+//
+// Model: between every pair of ranks there is one ordered stream in each direction.
+// isend()/irecv() queue a message on that stream and return at once; messages on one
+// stream are matched in the order they were posted on both sides, and each carries a
+// header (kind, sequence number, length) so that a mismatch between what one rank sent
+// and what the other expected is an error, not silent corruption.
+//
+// Threading: a transport is driven by one thread at a time (the communicator's
+// progress thread). Progress happens only inside wait()/wait_all(), which poll every
+// stream with pending work, so sends and receives to different peers proceed together.
+//
+// Errors: wait()/wait_all() throw PeerError (a peer died, closed, aborted or sent a
+// bad frame) or TimeoutError (the operation's deadline passed); the messages name the
+// operation, its sequence number, the peer's rank and host. After an error the
+// transport is unusable; abort() tells the peers and closes every stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "comm/common/deadline.h"
+
+namespace chorus::transport {
+
+enum class FrameKind : uint8_t {
+  kCollective = 1,  // data of a collective; seq = the collective's sequence number
+  kP2P = 2,         // data of send/recv; seq = per-stream counter
+  kAbort = 3,       // the sender aborted; payload = reason text
+  kGoodbye = 4,     // the sender closed the communicator cleanly
+};
+
+// What the transport reports in errors and writes in headers for the current operation.
+struct OpInfo {
+  const char* name = "";  // "allreduce"
+  uint64_t seq = 0;       // sequence number of the operation on this communicator
+  FrameKind kind = FrameKind::kCollective;
+  Deadline deadline{std::chrono::milliseconds(0)};
+};
+
+// Identifies a posted message: the peer, the direction and the position in that
+// stream. Cheap to copy.
+struct Request {
+  int peer = -1;
+  bool is_send = false;
+  uint64_t index = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Host name of `rank` as published at connection time.
+  virtual const std::string& host_of(int rank) const = 0;
+
+  // Sets the operation that the following posts belong to.
+  virtual void begin(const OpInfo& op) = 0;
+
+  // Queues `len` bytes to `peer`. `data` must stay valid and unchanged until the
+  // request completes (wait() on it, or wait_all()).
+  virtual Request isend(int peer, const void* data, size_t len) = 0;
+  // Queues a receive of exactly `len` bytes from `peer` into `data`.
+  virtual Request irecv(int peer, void* data, size_t len) = 0;
+
+  // Drives all streams until `request` is complete.
+  virtual void wait(const Request& request) = 0;
+  // Drives all streams until every posted request is complete.
+  virtual void wait_all() = 0;
+
+  // Thread-safe: makes the wait in progress (or the next one) throw AbortedError with
+  // `reason` promptly. The driving thread then calls abort().
+  virtual void interrupt(const std::string& reason) = 0;
+
+  // Tells every peer that this rank aborts (best effort, never blocks long) and closes
+  // every stream. Pending requests are dropped. Idempotent.
+  virtual void abort(const std::string& reason) = 0;
+  // Tells every peer that this rank leaves cleanly and closes every stream.
+  virtual void close() = 0;
+};
+
+}  // namespace chorus::transport

@@ -1,0 +1,1 @@
+// Keeps chorus_test_util non-empty.
