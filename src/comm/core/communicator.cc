@@ -76,40 +76,72 @@ Work CommunicatorImpl::enqueue(const OpSpec& spec, OpBody body) {
     std::lock_guard<std::mutex> lock(mutex_);
     uint64_t seq = spec.collective ? next_collective_++ : next_p2p_++;
     std::string desc = std::string(spec.name) + " #" + std::to_string(seq);
-    work = std::make_shared<WorkState>(desc);
+    work = std::make_shared<WorkState>(desc, weak_from_this());
     queue_.push_back(Op{spec, seq, std::move(body), work});
   }
-  queue_signal_.fetch_add(1, std::memory_order_release);
-  futex_wake_all(queue_signal_);
+  wake_progress_thread();
   return Work(work);
 }
+
+std::optional<CommunicatorImpl::Op> CommunicatorImpl::pop() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (queue_.empty()) return std::nullopt;
+  std::optional<Op> op(std::move(queue_.front()));
+  queue_.pop_front();
+  return op;
+}
+
+void CommunicatorImpl::wake_progress_thread() {
+  queue_signal_.fetch_add(1, std::memory_order_seq_cst);
+  // The syscall only when the thread sleeps: see the matching order in progress_loop().
+  if (progress_sleeping_.load(std::memory_order_seq_cst)) futex_wake_all(queue_signal_);
+}
+
+bool CommunicatorImpl::run_queued(const WorkState* until) {
+  bool expected = false;
+  if (!running_.compare_exchange_strong(expected, true, std::memory_order_acquire)) return false;
+  while (until == nullptr || !until->completed()) {
+    std::optional<Op> op = pop();
+    if (!op) break;
+    run(*op);
+  }
+  if (abort_requested_.load() && !transport_aborted_) {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    transport_->abort(abort_reason_);
+    transport_aborted_ = true;
+  }
+  running_.store(false, std::memory_order_release);
+  bool left_behind;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    left_behind = !queue_.empty();
+  }
+  if (left_behind && until != nullptr) wake_progress_thread();
+  return true;
+}
+
+void CommunicatorImpl::help(const WorkState& work) { run_queued(&work); }
 
 void CommunicatorImpl::progress_loop() {
   while (true) {
     uint32_t seen = queue_signal_.load(std::memory_order_acquire);
-    std::optional<Op> op;
+    bool pending;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!queue_.empty()) {
-        op.emplace(std::move(queue_.front()));
-        queue_.pop_front();
-      } else if (stopping_) {
-        return;
-      }
+      pending = !queue_.empty();
+      if (!pending && stopping_) break;
     }
-    if (op) {
-      run(*op);
+    if ((pending || (abort_requested_.load() && !transport_aborted_)) && run_queued(nullptr)) {
       continue;
     }
-    if (abort_requested_.load() && !transport_aborted_) {
-      std::lock_guard<std::mutex> lock(abort_mutex_);
-      transport_->abort(abort_reason_);
-      transport_aborted_ = true;
-    }
-    // Idle: spin a little (the next collective usually follows at once), then sleep.
+    // Idle, or another thread is running operations: it wakes us if it leaves any.
+    // Announce the sleep first; a waker that misses the flag has already changed the
+    // signal, and then the futex wait returns at once.
+    progress_sleeping_.store(true, std::memory_order_seq_cst);
     futex_wait_change(queue_signal_, seen,
                       std::chrono::steady_clock::now() + std::chrono::seconds(1),
-                      std::chrono::microseconds(50));
+                      std::chrono::microseconds(0));
+    progress_sleeping_.store(false, std::memory_order_relaxed);
   }
 }
 

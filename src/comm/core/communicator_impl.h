@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,7 @@ struct OpSpec {
 };
 
 class CommunicatorImpl final : public Communicator,
+                               public Executor,
                                public std::enable_shared_from_this<CommunicatorImpl> {
  public:
   CommunicatorImpl(std::shared_ptr<Store> store, int rank, int size, CommOptions options);
@@ -66,6 +68,7 @@ class CommunicatorImpl final : public Communicator,
   void abort(const std::string& reason) override;
   bool is_aborted() const override { return abort_requested_.load(); }
   Algorithm algorithm_for(const char* collective, size_t bytes) const override;
+  void help(const WorkState& work) override;
 
  private:
   struct Op {
@@ -77,6 +80,11 @@ class CommunicatorImpl final : public Communicator,
 
   Work enqueue(const OpSpec& spec, OpBody body);
   void progress_loop();
+  // Runs queued operations while holding the runner role, until `until` completes
+  // (null: until the queue is empty). False when another thread holds the role.
+  bool run_queued(const WorkState* until);
+  std::optional<Op> pop();
+  void wake_progress_thread();
   void run(Op& op);
   void fail_aborted(Op& op);
   std::string where() const;
@@ -93,11 +101,15 @@ class CommunicatorImpl final : public Communicator,
   uint64_t next_collective_ = 0, next_p2p_ = 0;
   bool stopping_ = false;
   std::atomic<uint32_t> queue_signal_{0};
+  std::atomic<bool> progress_sleeping_{false};
+  // The runner role: only its holder touches transport_, scratch_ and
+  // transport_aborted_. Held by the progress thread or by a thread inside Work::wait().
+  std::atomic<bool> running_{false};
 
   std::atomic<bool> abort_requested_{false};
   std::mutex abort_mutex_;  // guards abort_reason_
   std::string abort_reason_;
-  bool transport_aborted_ = false;  // progress thread only
+  std::atomic<bool> transport_aborted_{false};  // written by the runner only
 
   uint64_t split_count_ = 0;
   std::thread thread_;

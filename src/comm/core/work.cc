@@ -8,18 +8,29 @@ namespace internal {
 
 void WorkState::complete(std::exception_ptr error) {
   error_ = std::move(error);
-  state_.store(kDone, std::memory_order_release);
-  futex_wake_all(state_);
+  if (state_.exchange(kDone, std::memory_order_acq_rel) == kSleeping) futex_wake_all(state_);
+}
+
+void WorkState::help() {
+  if (completed()) return;
+  if (auto executor = executor_.lock()) executor->help(*this);
 }
 
 bool WorkState::wait_until(std::chrono::steady_clock::time_point deadline) {
-  return futex_wait_change(state_, kPending, deadline, std::chrono::microseconds(50));
+  uint32_t s = state_.load(std::memory_order_acquire);
+  if (s == kDone) return true;
+  if (s == kPending) state_.compare_exchange_strong(s, kSleeping, std::memory_order_acq_rel);
+  // The exchange fails only when complete() came first: then the state is kDone and
+  // the futex wait returns at once.
+  return futex_wait_change(state_, kSleeping, deadline, std::chrono::microseconds(0)) &&
+         completed();
 }
 
 }  // namespace internal
 
 void Work::wait() const {
   if (!state_) return;
+  state_->help();
   // The progress thread completes every operation within its deadline, so this wait
   // ends; the loop only guards against spurious returns.
   while (!state_->wait_until(std::chrono::steady_clock::now() + std::chrono::hours(24))) {

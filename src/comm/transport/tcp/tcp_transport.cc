@@ -30,7 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 // How long a wait keeps retrying non-blocking I/O before sleeping in poll(). Short:
 // it only hides the kernel's wake-up latency for small messages.
-constexpr auto kSpin = std::chrono::microseconds(30);
+constexpr auto kSpin = std::chrono::microseconds(50);
 // How often a blocked wait wakes to re-check deadlines.
 constexpr int kPollSliceMs = 500;
 constexpr int kMaxIov = 64;
