@@ -161,6 +161,7 @@ void CommunicatorImpl::run(Op& op) {
   if (abort_requested_.load()) return fail_aborted(op);
   transport::OpInfo info;
   info.name = op.spec.name;
+  info.code = transport::op_code_of(op.spec.name);
   info.seq = op.seq;
   info.kind = op.spec.collective ? transport::FrameKind::kCollective : transport::FrameKind::kP2P;
   info.deadline = Deadline(options_.timeout);

@@ -32,9 +32,25 @@ enum class FrameKind : uint8_t {
   kGoodbye = 4,     // the sender closed the communicator cleanly
 };
 
+// The operations, numbered for frame headers so that a rank that receives a frame of
+// a different collective than it is running can tell (p2p frames carry kSendRecv).
+inline constexpr const char* kOpNames[] = {
+    "?",       "allreduce", "broadcast", "reduce",   "allgather", "allgatherv",
+    "reduce_scatter", "gather", "scatter", "alltoall", "alltoallv", "barrier", "send/recv"};
+inline uint8_t op_code_of(const char* name) {
+  std::string n = name;
+  if (n == "send" || n == "recv") return 12;
+  for (uint8_t i = 1; i < 12; ++i) {
+    if (n == kOpNames[i]) return i;
+  }
+  return 0;
+}
+inline const char* op_code_name(uint8_t code) { return code <= 12 ? kOpNames[code] : "?"; }
+
 // What the transport reports in errors and writes in headers for the current operation.
 struct OpInfo {
   const char* name = "";  // "allreduce"
+  uint8_t code = 0;       // op_code_of(name)
   uint64_t seq = 0;       // sequence number of the operation on this communicator
   FrameKind kind = FrameKind::kCollective;
   Deadline deadline{std::chrono::milliseconds(0)};

@@ -15,7 +15,7 @@ inline constexpr uint64_t kMaxControlPayload = 4096;
 struct FrameHeader {
   uint16_t magic = kFrameMagic;
   uint8_t kind = 0;
-  uint8_t reserved = 0;
+  uint8_t op = 0;  // op_code_of() of the operation that sent it
   uint32_t seq = 0;
   uint64_t length = 0;
 };

@@ -146,6 +146,7 @@ Request TcpTransport::isend(int peer, const void* data, size_t len) {
   Peer& p = peers_[peer];
   SendEntry e;
   e.header.kind = static_cast<uint8_t>(op_.kind);
+  e.header.op = op_.code;
   e.header.seq = op_.kind == FrameKind::kP2P ? ++p.p2p_sent : static_cast<uint32_t>(op_.seq);
   e.header.length = len;
   e.data = static_cast<const uint8_t*>(data);
@@ -157,6 +158,7 @@ Request TcpTransport::irecv(int peer, void* data, size_t len) {
   Peer& p = peers_[peer];
   RecvEntry e;
   e.want.kind = static_cast<uint8_t>(op_.kind);
+  e.want.op = op_.code;
   e.want.seq = op_.kind == FrameKind::kP2P ? ++p.p2p_received : static_cast<uint32_t>(op_.seq);
   e.want.length = len;
   e.data = static_cast<uint8_t*>(data);
@@ -311,12 +313,14 @@ void TcpTransport::finish_header(int peer, RecvEntry& e, size_t payload_read) {
                         std::to_string(e.want.length) +
                         " bytes from it (did the ranks issue different operations?)");
   }
-  if (g.kind != e.want.kind || g.seq != e.want.seq || g.length != e.want.length) {
+  if (g.kind != e.want.kind || g.op != e.want.op || g.seq != e.want.seq ||
+      g.length != e.want.length) {
     std::ostringstream m;
-    m << "mismatched message from " << peer_name(peer) << ": expected a "
-      << frame_kind_name(e.want.kind) << " frame #" << e.want.seq << " of " << e.want.length
-      << " bytes, got a " << frame_kind_name(g.kind) << " frame #" << g.seq << " of "
-      << g.length << " bytes (the ranks issued different operations, counts or types)";
+    m << "mismatched message from " << peer_name(peer) << ": expected " << op_code_name(e.want.op)
+      << " #" << e.want.seq << " (" << frame_kind_name(e.want.kind) << " frame of "
+      << e.want.length << " bytes), got " << op_code_name(g.op) << " #" << g.seq << " ("
+      << frame_kind_name(g.kind) << " frame of " << g.length
+      << " bytes): the ranks issued different operations, counts or types";
     fail_peer(peer, m.str());
   }
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs, with apt-get, only the Debian packages chorus needs that are missing.
+# Idempotent and quick when everything is there. Usage: scripts/install-deps.sh [EXTRA...]
+set -euo pipefail
+
+packages=(cmake make g++ pkg-config libgtest-dev libgmock-dev zlib1g-dev libcli11-dev
+          nlohmann-json3-dev iproute2 procps)
+packages+=("$@")
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q >/dev/null
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,443 @@
+#include "comm/store/tcp_store_protocol.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "chorus/error.h"
+
+namespace chorus::store_wire {
+namespace {
+
+// Appends little-endian fields to a frame whose length prefix is patched at the end.
+class Writer {
+ public:
+  Writer() { out_.resize(kLengthPrefixBytes); }
+
+  void u8(uint8_t v) { out_.push_back(v); }
+  void u32(uint32_t v) { little_endian(v, 4); }
+  void u64(uint64_t v) { little_endian(v, 8); }
+  void bytes(const uint8_t* data, size_t size) {
+    u32(static_cast<uint32_t>(size));
+    out_.insert(out_.end(), data, data + size);
+  }
+  void bytes(const Bytes& b) { bytes(b.data(), b.size()); }
+  void text(const std::string& s) { bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size()); }
+  void keys(const std::vector<std::string>& keys) {
+    u32(static_cast<uint32_t>(keys.size()));
+    for (const std::string& k : keys) text(k);
+  }
+
+  Bytes finish() {
+    // Oversized payloads keep a truncated prefix; senders check payload_size() first.
+    uint64_t payload = out_.size() - kLengthPrefixBytes;
+    for (size_t i = 0; i < kLengthPrefixBytes; ++i)
+      out_[i] = static_cast<uint8_t>(payload >> (8 * i));
+    return std::move(out_);
+  }
+
+ private:
+  void little_endian(uint64_t v, int width) {
+    for (int i = 0; i < width; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  Bytes out_;
+};
+
+// Reads fields from one payload. Every length is checked against its limit and the
+// bytes left before any allocation; the first failure records its reason and makes
+// every later read fail too.
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> payload) : data_(payload) {}
+
+  bool u8(const char* field, uint8_t* v) {
+    if (!need(1, field)) return false;
+    *v = data_[pos_++];
+    return true;
+  }
+  bool u32(const char* field, uint32_t* v) {
+    uint64_t wide = 0;
+    if (!little_endian(4, field, &wide)) return false;
+    *v = static_cast<uint32_t>(wide);
+    return true;
+  }
+  bool u64(const char* field, uint64_t* v) { return little_endian(8, field, v); }
+
+  bool bytes(const char* field, size_t limit, Bytes* out) {
+    size_t size = 0;
+    if (!length(field, limit, &size)) return false;
+    out->assign(data_.begin() + pos_, data_.begin() + pos_ + size);
+    pos_ += size;
+    return true;
+  }
+  bool text(const char* field, size_t limit, std::string* out) {
+    size_t size = 0;
+    if (!length(field, limit, &size)) return false;
+    out->assign(reinterpret_cast<const char*>(data_.data() + pos_), size);
+    pos_ += size;
+    return true;
+  }
+  bool keys(size_t max_count, std::vector<std::string>* out) {
+    uint32_t count = 0;
+    if (!u32("key count", &count)) return false;
+    if (count > max_count) {
+      return fail("key count " + std::to_string(count) + " exceeds the limit of " +
+                  std::to_string(max_count));
+    }
+    // Each key takes at least its 4-byte length, so a count the frame cannot hold is
+    // refused before the vector is sized by it.
+    if (uint64_t{count} * 4 > left()) {
+      return fail("key count " + std::to_string(count) + " cannot fit in the " +
+                  std::to_string(left()) + " bytes left in the frame");
+    }
+    out->resize(count);
+    for (std::string& key : *out) {
+      if (!text("key", kMaxKeyBytes, &key)) return false;
+    }
+    return true;
+  }
+
+  // Succeeds when every read succeeded and the payload was consumed exactly.
+  bool finish(const std::string& what, std::string* reason) {
+    if (reason_.empty() && left() != 0) {
+      fail(std::to_string(left()) + " unexpected bytes after the fields");
+    }
+    if (reason_.empty()) return true;
+    *reason = "malformed " + what + ": " + reason_;
+    return false;
+  }
+  bool fail(const std::string& reason) {
+    if (reason_.empty()) reason_ = reason;
+    return false;
+  }
+
+ private:
+  size_t left() const { return data_.size() - pos_; }
+  bool need(size_t n, const char* field) {
+    if (!reason_.empty()) return false;
+    if (n <= left()) return true;
+    return fail(std::string(field) + " needs " + std::to_string(n) + " bytes but only " +
+                std::to_string(left()) + " are left in the frame");
+  }
+  bool little_endian(size_t width, const char* field, uint64_t* v) {
+    if (!need(width, field)) return false;
+    *v = 0;
+    for (size_t i = 0; i < width; ++i) *v |= uint64_t{data_[pos_ + i]} << (8 * i);
+    pos_ += width;
+    return true;
+  }
+  bool length(const char* field, size_t limit, size_t* size) {
+    uint32_t declared = 0;
+    if (!u32(field, &declared)) return false;
+    if (declared > limit) {
+      return fail(std::string(field) + " of " + std::to_string(declared) +
+                  " bytes exceeds the limit of " + std::to_string(limit));
+    }
+    if (declared > left()) {
+      return fail(std::string(field) + " of " + std::to_string(declared) +
+                  " bytes runs past the end of the frame (" + std::to_string(left()) +
+                  " bytes left)");
+    }
+    *size = declared;
+    return true;
+  }
+
+  std::span<const uint8_t> data_;
+  size_t pos_ = 0;
+  std::string reason_;
+};
+
+void encode_request_fields(const Request& r, Writer& w) {
+  switch (r.op) {
+    case Op::kSet:
+      w.text(r.key);
+      w.bytes(r.value);
+      break;
+    case Op::kGet:
+      w.text(r.key);
+      w.u64(r.timeout_ms);
+      break;
+    case Op::kAdd:
+      w.text(r.key);
+      w.u64(static_cast<uint64_t>(r.delta));
+      break;
+    case Op::kCompareSet:
+      w.text(r.key);
+      w.bytes(r.expected);
+      w.bytes(r.value);
+      break;
+    case Op::kCheck:
+      w.keys(r.keys);
+      break;
+    case Op::kWait:
+      w.keys(r.keys);
+      w.u64(r.timeout_ms);
+      break;
+    case Op::kDelete:
+      w.text(r.key);
+      break;
+    case Op::kNumKeys:
+      break;
+  }
+}
+
+bool decode_request_fields(Reader& rd, Request* r) {
+  uint64_t delta = 0;
+  switch (r->op) {
+    case Op::kSet:
+      return rd.text("key", kMaxKeyBytes, &r->key) && rd.bytes("value", kMaxValueBytes, &r->value);
+    case Op::kGet:
+      return rd.text("key", kMaxKeyBytes, &r->key) && rd.u64("timeout", &r->timeout_ms);
+    case Op::kAdd:
+      if (!rd.text("key", kMaxKeyBytes, &r->key) || !rd.u64("delta", &delta)) return false;
+      r->delta = static_cast<int64_t>(delta);
+      return true;
+    case Op::kCompareSet:
+      return rd.text("key", kMaxKeyBytes, &r->key) &&
+             rd.bytes("expected value", kMaxValueBytes, &r->expected) &&
+             rd.bytes("desired value", kMaxValueBytes, &r->value);
+    case Op::kCheck:
+      return rd.keys(kMaxKeysPerRequest, &r->keys);
+    case Op::kWait:
+      return rd.keys(kMaxKeysPerRequest, &r->keys) && rd.u64("timeout", &r->timeout_ms);
+    case Op::kDelete:
+      return rd.text("key", kMaxKeyBytes, &r->key);
+    case Op::kNumKeys:
+      return true;
+  }
+  return rd.fail("unknown opcode");
+}
+
+void encode_reply_fields(const Reply& r, Writer& w) {
+  switch (r.kind) {
+    case ReplyKind::kOk:
+      break;
+    case ReplyKind::kValue:
+      w.bytes(r.value);
+      break;
+    case ReplyKind::kInteger:
+      w.u64(static_cast<uint64_t>(r.integer));
+      break;
+    case ReplyKind::kBool:
+      w.u8(r.flag ? 1 : 0);
+      break;
+    case ReplyKind::kTimeout:
+      w.u32(r.missing_count);
+      w.keys(r.keys);
+      break;
+    case ReplyKind::kInvalidArgument:
+      w.text(r.message);
+      break;
+  }
+}
+
+bool decode_reply_fields(Reader& rd, Reply* r) {
+  uint64_t integer = 0;
+  uint8_t flag = 0;
+  switch (r->kind) {
+    case ReplyKind::kOk:
+      return true;
+    case ReplyKind::kValue:
+      return rd.bytes("value", kMaxValueBytes, &r->value);
+    case ReplyKind::kInteger:
+      if (!rd.u64("integer", &integer)) return false;
+      r->integer = static_cast<int64_t>(integer);
+      return true;
+    case ReplyKind::kBool:
+      if (!rd.u8("flag", &flag)) return false;
+      if (flag > 1) return rd.fail("flag byte " + std::to_string(flag) + " is neither 0 nor 1");
+      r->flag = flag == 1;
+      return true;
+    case ReplyKind::kTimeout:
+      return rd.u32("missing count", &r->missing_count) && rd.keys(kMaxListedKeys, &r->keys);
+    case ReplyKind::kInvalidArgument:
+      return rd.text("message", kMaxMessageBytes, &r->message);
+  }
+  return rd.fail("unknown reply kind");
+}
+
+bool valid_op(uint8_t code) { return code >= 1 && code <= static_cast<uint8_t>(Op::kNumKeys); }
+bool valid_reply_kind(uint8_t code) {
+  return code >= 1 && code <= static_cast<uint8_t>(ReplyKind::kInvalidArgument);
+}
+
+}  // namespace
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kSet:
+      return "set";
+    case Op::kGet:
+      return "get";
+    case Op::kAdd:
+      return "add";
+    case Op::kCompareSet:
+      return "compare_set";
+    case Op::kCheck:
+      return "check";
+    case Op::kWait:
+      return "wait";
+    case Op::kDelete:
+      return "delete_key";
+    case Op::kNumKeys:
+      return "num_keys";
+  }
+  return "unknown";
+}
+
+Bytes encode_request(const Request& request) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(request.op));
+  encode_request_fields(request, w);
+  return w.finish();
+}
+
+Bytes encode_reply(const Reply& reply) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(reply.kind));
+  encode_reply_fields(reply, w);
+  return w.finish();
+}
+
+size_t payload_size(const Bytes& frame) { return frame.size() - kLengthPrefixBytes; }
+
+uint32_t read_length_prefix(const uint8_t* prefix) {
+  uint32_t length = 0;
+  for (size_t i = 0; i < kLengthPrefixBytes; ++i) length |= uint32_t{prefix[i]} << (8 * i);
+  return length;
+}
+
+bool check_frame_length(uint32_t length, std::string* reason) {
+  if (length == 0) {
+    *reason = "empty frame (length 0, no opcode)";
+    return false;
+  }
+  if (length > kMaxFrameBytes) {
+    *reason = "frame length " + std::to_string(length) + " exceeds the limit of " +
+              std::to_string(kMaxFrameBytes) + " bytes";
+    return false;
+  }
+  return true;
+}
+
+bool decode_request(std::span<const uint8_t> payload, Request* out, std::string* reason) {
+  Reader rd(payload);
+  uint8_t code = 0;
+  if (!rd.u8("opcode", &code)) return rd.finish("request", reason);
+  if (!valid_op(code)) {
+    rd.fail("unknown opcode " + std::to_string(code));
+    return rd.finish("request", reason);
+  }
+  out->op = static_cast<Op>(code);
+  decode_request_fields(rd, out);
+  return rd.finish(std::string(op_name(out->op)) + " request", reason);
+}
+
+bool decode_reply(std::span<const uint8_t> payload, Reply* out, std::string* reason) {
+  Reader rd(payload);
+  uint8_t code = 0;
+  if (!rd.u8("reply kind", &code)) return rd.finish("reply", reason);
+  if (!valid_reply_kind(code)) {
+    rd.fail("unknown reply kind " + std::to_string(code));
+    return rd.finish("reply", reason);
+  }
+  out->kind = static_cast<ReplyKind>(code);
+  decode_reply_fields(rd, out);
+  return rd.finish("reply", reason);
+}
+
+void check_key(const std::string& key) {
+  if (key.size() > kMaxKeyBytes) {
+    throw InvalidArgumentError("store key '" + key.substr(0, 64) + "...' is " +
+                               std::to_string(key.size()) + " bytes; keys are at most " +
+                               std::to_string(kMaxKeyBytes) + " bytes");
+  }
+}
+
+void check_value(const std::string& key, const Bytes& value) {
+  if (value.size() > kMaxValueBytes) {
+    throw InvalidArgumentError("store value for key " + quote_keys({key}, 1) + " is " +
+                               std::to_string(value.size()) + " bytes; values are at most " +
+                               std::to_string(kMaxValueBytes) + " bytes");
+  }
+}
+
+void check_keys(const std::vector<std::string>& keys) {
+  if (keys.size() > kMaxKeysPerRequest) {
+    throw InvalidArgumentError("store request names " + std::to_string(keys.size()) +
+                               " keys; at most " + std::to_string(kMaxKeysPerRequest) +
+                               " are allowed at once");
+  }
+  for (const std::string& key : keys) check_key(key);
+}
+
+int64_t add_to_counter(const std::string& key, const Bytes* current, int64_t delta) {
+  int64_t value = 0;
+  if (current != nullptr) {
+    const char* begin = reinterpret_cast<const char*>(current->data());
+    const char* end = begin + current->size();
+    auto [ptr, ec] = std::from_chars(begin, end, value);
+    if (current->empty() || ec != std::errc() || ptr != end) {
+      throw InvalidArgumentError("store add to key " + quote_keys({key}, 1) +
+                                 ": its value is not a decimal int64 (" +
+                                 std::to_string(current->size()) + " bytes)");
+    }
+  }
+  int64_t sum = 0;
+  if (__builtin_add_overflow(value, delta, &sum)) {
+    throw InvalidArgumentError("store add of " + std::to_string(delta) + " to key " +
+                               quote_keys({key}, 1) + " (value " + std::to_string(value) +
+                               ") overflows int64");
+  }
+  return sum;
+}
+
+Bytes counter_text(int64_t value) {
+  std::string text = std::to_string(value);
+  return Bytes(text.begin(), text.end());
+}
+
+bool compare_matches(const Bytes* current, const Bytes& expected) {
+  return current == nullptr ? expected.empty() : *current == expected;
+}
+
+namespace {
+std::string quote_key(const std::string& key) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (unsigned char c : key.substr(0, 256)) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  if (key.size() > 256) out += "...";
+  return out + "'";
+}
+}  // namespace
+
+std::string quote_keys(const std::vector<std::string>& keys, size_t total) {
+  std::string out;
+  size_t shown = std::min(keys.size(), kMaxListedKeys);
+  for (size_t i = 0; i < shown; ++i) {
+    if (i > 0) out += ", ";
+    out += quote_key(keys[i]);
+  }
+  if (total > shown) out += " and " + std::to_string(total - shown) + " more";
+  return out;
+}
+
+std::chrono::milliseconds bounded_timeout(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout, std::chrono::milliseconds(0), kLongestWait);
+}
+
+std::string timeout_message(const std::string& what, std::chrono::milliseconds timeout,
+                            const std::vector<std::string>& missing, size_t missing_count) {
+  return what + " timed out after " + std::to_string(timeout.count()) + " ms; missing " +
+         (missing_count == 1 ? "key " : "keys ") + quote_keys(missing, missing_count);
+}
+
+}  // namespace chorus::store_wire

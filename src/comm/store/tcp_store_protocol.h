@@ -1,0 +1,150 @@
+// The TCP store's wire protocol, and the rules every Store implementation shares
+// (size limits, counter text, timeout messages) so that the in-memory store and the
+// TCP store behave and fail alike.
+//
+// Framing: every message is a u32 little-endian payload length followed by the
+// payload. A payload is a u8 opcode followed by its fields, in this order:
+//
+//   request      fields
+//   SET          key, value
+//   GET          key, u64 timeout_ms       (the server parks it until the key exists)
+//   ADD          key, i64 delta
+//   COMPARE_SET  key, expected, desired
+//   CHECK        keys
+//   WAIT         keys, u64 timeout_ms      (the server parks it until all keys exist)
+//   DELETE       key
+//   NUM_KEYS     -
+//
+//   reply             fields
+//   OK                -                    (SET, WAIT)
+//   VALUE             value                (GET, COMPARE_SET)
+//   INTEGER           i64                  (ADD, NUM_KEYS)
+//   BOOL              u8 0 or 1            (CHECK, DELETE)
+//   TIMEOUT           u32 missing, keys    (GET, WAIT: how many keys were missing,
+//                                           and the first few of them)
+//   INVALID_ARGUMENT  message              (ADD on a value that is not an integer)
+//
+// A key, value or message is a u32 length and that many bytes; `keys` is a u32 count
+// and that many keys; integers are fixed-width little-endian. Each connection carries
+// one request at a time and gets exactly one reply per request, in order.
+//
+// Decoding never trusts a number from the network: every length and count is checked
+// against its limit and against the bytes left in the frame before anything is
+// allocated, and a malformed frame yields a reason naming the field at fault.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chorus/store.h"
+
+namespace chorus::store_wire {
+
+// Limits of the Store contract (include/chorus/store.h).
+inline constexpr size_t kMaxKeyBytes = 4 << 10;
+inline constexpr size_t kMaxValueBytes = 64 << 20;
+// Room for the opcode, key and length fields next to a largest value. A frame also
+// bounds what shares it: COMPARE_SET's expected + desired, and WAIT's keys together.
+inline constexpr size_t kFrameHeaderBytes = 64 << 10;
+inline constexpr size_t kMaxFrameBytes = kMaxValueBytes + kFrameHeaderBytes;
+inline constexpr size_t kMaxKeysPerRequest = 65536;
+inline constexpr size_t kMaxMessageBytes = 64 << 10;
+// A TIMEOUT reply lists at most this many missing keys (and counts all of them).
+inline constexpr size_t kMaxListedKeys = 16;
+inline constexpr size_t kLengthPrefixBytes = 4;
+
+enum class Op : uint8_t {
+  kSet = 1,
+  kGet = 2,
+  kAdd = 3,
+  kCompareSet = 4,
+  kCheck = 5,
+  kWait = 6,
+  kDelete = 7,
+  kNumKeys = 8,
+};
+
+enum class ReplyKind : uint8_t {
+  kOk = 1,
+  kValue = 2,
+  kInteger = 3,
+  kBool = 4,
+  kTimeout = 5,
+  kInvalidArgument = 6,
+};
+
+// Lower-case name for messages ("get", "compare_set", ...).
+const char* op_name(Op op);
+
+struct Request {
+  Op op = Op::kNumKeys;
+  std::string key;                // SET GET ADD COMPARE_SET DELETE
+  std::vector<std::string> keys;  // CHECK WAIT
+  Bytes value;                    // SET; COMPARE_SET: desired
+  Bytes expected;                 // COMPARE_SET
+  int64_t delta = 0;              // ADD
+  uint64_t timeout_ms = 0;        // GET WAIT
+};
+
+struct Reply {
+  ReplyKind kind = ReplyKind::kOk;
+  Bytes value;                    // VALUE
+  int64_t integer = 0;            // INTEGER
+  bool flag = false;              // BOOL
+  uint32_t missing_count = 0;     // TIMEOUT: all missing keys
+  std::vector<std::string> keys;  // TIMEOUT: the first kMaxListedKeys of them
+  std::string message;            // INVALID_ARGUMENT
+};
+
+// Whole frames, length prefix included. The caller checks the payload size against
+// kMaxFrameBytes (payload_size()) before sending a request it did not validate.
+Bytes encode_request(const Request& request);
+Bytes encode_reply(const Reply& reply);
+size_t payload_size(const Bytes& frame);
+
+// Reads the u32 length prefix at `prefix` (kLengthPrefixBytes bytes).
+uint32_t read_length_prefix(const uint8_t* prefix);
+
+// False, with the reason, when a frame of `length` payload bytes must be refused.
+bool check_frame_length(uint32_t length, std::string* reason);
+
+// Decode one payload (without its length prefix). False, with a reason naming the
+// field at fault, when the payload is malformed; `out` is then unspecified.
+bool decode_request(std::span<const uint8_t> payload, Request* out, std::string* reason);
+bool decode_reply(std::span<const uint8_t> payload, Reply* out, std::string* reason);
+
+// ---- Rules shared by every Store implementation ----
+
+// Throw InvalidArgumentError naming the limit when a key, a value or a key list is
+// too large for the Store contract.
+void check_key(const std::string& key);
+void check_value(const std::string& key, const Bytes& value);
+void check_keys(const std::vector<std::string>& keys);
+
+// add(): `current` is the key's value (nullptr when absent). Returns the new value;
+// throws InvalidArgumentError when `current` is not decimal int64 text or the sum
+// overflows.
+int64_t add_to_counter(const std::string& key, const Bytes* current, int64_t delta);
+Bytes counter_text(int64_t value);
+
+// compare_set(): whether `current` (nullptr when absent) matches `expected`.
+bool compare_matches(const Bytes* current, const Bytes& expected);
+
+// "'a', 'b' and 3 more": the first keys of a list of `total`, quoted, non-printable
+// bytes escaped.
+std::string quote_keys(const std::vector<std::string>& keys, size_t total);
+
+// Timeouts beyond kLongestWait count as kLongestWait, so that "forever"-sized values
+// cannot overflow deadline arithmetic; negative ones count as 0.
+inline constexpr std::chrono::milliseconds kLongestWait = std::chrono::hours(24 * 365 * 10);
+std::chrono::milliseconds bounded_timeout(std::chrono::milliseconds timeout);
+
+// The TimeoutError text of a get() or wait() whose deadline passed.
+std::string timeout_message(const std::string& what, std::chrono::milliseconds timeout,
+                            const std::vector<std::string>& missing, size_t missing_count);
+
+}  // namespace chorus::store_wire

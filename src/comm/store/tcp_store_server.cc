@@ -1,0 +1,612 @@
+// TcpStoreServer: one thread, one epoll set, non-blocking sockets.
+//
+// Error policy inside the loop: nothing a client sends can throw out of the loop. A
+// malformed frame, an oversized length or a failed socket call drops that client
+// (logged with its address and the reason); a request that breaks a store rule
+// (add to a non-integer) gets an INVALID_ARGUMENT reply. Blocking requests (GET of a
+// missing key, WAIT) are parked as waiters and answered from the loop when their keys
+// appear or their deadline passes, so every request gets exactly one reply in order.
+//
+// Backpressure: a client's next frame is handled only once its previous reply is
+// fully sent and it has no parked request, and its socket is not read meanwhile, so
+// each client holds at most one frame in and one reply out.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "chorus/error.h"
+#include "chorus/store.h"
+#include "comm/common/logging.h"
+#include "comm/common/socket.h"
+#include "comm/store/tcp_store_protocol.h"
+
+namespace chorus {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using store_wire::Op;
+using store_wire::Reply;
+using store_wire::ReplyKind;
+using store_wire::Request;
+
+// epoll user data for the two non-client descriptors; clients count up from here.
+constexpr uint64_t kListenId = 0;
+constexpr uint64_t kWakeId = 1;
+constexpr uint64_t kFirstClientId = 2;
+constexpr size_t kReadChunk = 256 << 10;
+
+struct Client {
+  uint64_t id = 0;
+  net::Fd fd;
+  std::string address;
+  Bytes in;   // received bytes not yet handled
+  Bytes out;  // encoded reply not yet fully sent
+  size_t out_sent = 0;
+  uint64_t waiter = 0;    // the parked request's waiter id, 0 when none
+  uint32_t interest = 0;  // the epoll event mask currently registered
+
+  bool sending() const { return out_sent < out.size(); }
+  bool busy() const { return sending() || waiter != 0; }
+};
+
+// A parked GET or WAIT. `missing` counts its keys that do not exist right now.
+struct Waiter {
+  uint64_t client = 0;
+  Op op = Op::kWait;
+  std::vector<std::string> keys;  // distinct
+  size_t missing = 0;
+  Clock::time_point deadline;
+  uint64_t timeout_ms = 0;
+};
+
+// Parked requests, indexed by the keys they wait for and by deadline. Key creation
+// and deletion adjust each waiter's missing count, so waking costs O(waiters on key).
+class WaiterTable {
+ public:
+  uint64_t park(Waiter waiter) {
+    uint64_t id = next_id_++;
+    for (const std::string& key : waiter.keys) by_key_[key].push_back(id);
+    by_deadline_.emplace(waiter.deadline, id);
+    waiters_.emplace(id, std::move(waiter));
+    return id;
+  }
+
+  // Returns the waiters whose last missing key this was.
+  std::vector<uint64_t> key_created(const std::string& key) {
+    std::vector<uint64_t> ready;
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) return ready;
+    for (uint64_t id : it->second) {
+      if (--waiters_.at(id).missing == 0) ready.push_back(id);
+    }
+    return ready;
+  }
+  void key_deleted(const std::string& key) {
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) return;
+    for (uint64_t id : it->second) ++waiters_.at(id).missing;
+  }
+
+  Waiter remove(uint64_t id) {
+    auto node = waiters_.extract(id);
+    Waiter& w = node.mapped();
+    for (const std::string& key : w.keys) unindex(key, id);
+    by_deadline_.erase({w.deadline, id});
+    return std::move(w);
+  }
+
+  std::vector<uint64_t> expired(Clock::time_point now) const {
+    std::vector<uint64_t> out;
+    for (auto it = by_deadline_.begin(); it != by_deadline_.end() && it->first <= now; ++it) {
+      out.push_back(it->second);
+    }
+    return out;
+  }
+  // Milliseconds until the earliest deadline (rounded up), -1 when none.
+  int next_timeout_ms(Clock::time_point now) const {
+    if (by_deadline_.empty()) return -1;
+    auto left = by_deadline_.begin()->first - now;
+    if (left <= Clock::duration::zero()) return 0;
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    return static_cast<int>(std::min<int64_t>(ms, 1 << 30));
+  }
+
+ private:
+  void unindex(const std::string& key, uint64_t id) {
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) return;
+    std::erase(it->second, id);
+    if (it->second.empty()) by_key_.erase(it);
+  }
+
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, Waiter> waiters_;
+  std::unordered_map<std::string, std::vector<uint64_t>> by_key_;
+  std::set<std::pair<Clock::time_point, uint64_t>> by_deadline_;
+};
+
+std::vector<std::string> distinct(std::vector<std::string> keys) {
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+Reply ok_reply() { return Reply{}; }
+Reply value_reply(Bytes value) {
+  Reply r;
+  r.kind = ReplyKind::kValue;
+  r.value = std::move(value);
+  return r;
+}
+Reply integer_reply(int64_t v) {
+  Reply r;
+  r.kind = ReplyKind::kInteger;
+  r.integer = v;
+  return r;
+}
+Reply bool_reply(bool v) {
+  Reply r;
+  r.kind = ReplyKind::kBool;
+  r.flag = v;
+  return r;
+}
+
+}  // namespace
+
+struct TcpStoreServer::Impl {
+  Impl(const std::string& host, uint16_t requested_port);
+  ~Impl();
+  void run();
+  void stop();
+
+  std::string host;
+  uint16_t port = 0;
+  std::atomic<int> num_clients{0};
+  std::atomic<bool> stopping{false};
+  net::Fd listen_fd;
+  net::Fd wake_fd;  // eventfd: the destructor's way to interrupt epoll_wait
+  net::Fd epoll_fd;
+  std::thread thread;
+
+ private:
+  // Everything below is touched by the server thread only.
+  enum class FrameResult { kReady, kIncomplete, kDropped };
+  bool loop_once();
+  void on_event(uint64_t id, uint32_t events);
+  void accept_clients();
+  void on_client_event(Client& client, uint32_t events);
+  bool read_input(Client& client);
+  void serve(uint64_t client_id);
+  bool flush(Client& client);
+  FrameResult next_frame(Client& client, Request* request);
+  const Bytes* find(const std::string& key) const;
+  void handle(Client& client, Request& request);
+  void handle_add(Client& client, const Request& request);
+  void handle_compare_set(Client& client, Request& request);
+  size_t count_missing(const std::vector<std::string>& keys) const;
+  void park(Client& client, Request& request);
+  void put(const std::string& key, Bytes value);
+  bool erase(const std::string& key);
+  void finish_waiter(uint64_t waiter_id, bool timed_out);
+  Reply timeout_reply(const Waiter& waiter) const;
+  void expire_waiters();
+  void serve_touched();
+  void send_reply(Client& client, const Reply& reply);
+  void update_interest(Client& client);
+  void drop(Client& client, const std::string& reason, bool warn);
+  void drop_all(const std::string& reason);
+
+  std::unordered_map<std::string, Bytes> data_;
+  std::unordered_map<uint64_t, std::unique_ptr<Client>> clients_;
+  WaiterTable waiters_;
+  // Clients given a reply by another client's request, served after the current event.
+  std::vector<uint64_t> touched_;
+  uint64_t next_client_id_ = kFirstClientId;
+  Bytes scratch_ = Bytes(kReadChunk);
+};
+
+TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t requested_port) : host(host_in) {
+  listen_fd = net::listen_on(host, requested_port);
+  port = net::local_address(listen_fd.get()).port();
+  wake_fd = net::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake_fd.valid()) net::throw_errno("store server: eventfd", errno);
+  epoll_fd = net::Fd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_fd.valid()) net::throw_errno("store server: epoll_create1", errno);
+  for (auto [fd, id] : {std::pair{listen_fd.get(), kListenId}, {wake_fd.get(), kWakeId}}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      net::throw_errno("store server: epoll_ctl", errno);
+    }
+  }
+}
+
+TcpStoreServer::Impl::~Impl() = default;
+
+void TcpStoreServer::Impl::run() {
+  while (!stopping.load(std::memory_order_acquire)) {
+    try {
+      if (!loop_once()) return;
+    } catch (const std::exception& e) {
+      // Only resource exhaustion gets here (client input never throws); keep serving.
+      CHORUS_LOG(kError, "store server on " << host << ":" << port << ": " << e.what());
+    }
+  }
+}
+
+// One epoll_wait and everything it reports. False when the loop cannot go on.
+bool TcpStoreServer::Impl::loop_once() {
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  int timeout_ms = waiters_.next_timeout_ms(Clock::now());
+  int n = ::epoll_wait(epoll_fd.get(), events, kMaxEvents, timeout_ms);
+  if (n < 0 && errno != EINTR) {
+    // Closing every connection turns the clients' pending calls into clear errors.
+    drop_all(std::string("epoll_wait failed: ") + std::strerror(errno));
+    return false;
+  }
+  for (int i = 0; i < n; ++i) on_event(events[i].data.u64, events[i].events);
+  expire_waiters();
+  return true;
+}
+
+void TcpStoreServer::Impl::on_event(uint64_t id, uint32_t events) {
+  if (id == kWakeId) return;  // stopping is re-checked by run()
+  if (id == kListenId) {
+    accept_clients();
+    return;
+  }
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;  // dropped earlier in this batch
+  on_client_event(*it->second, events);
+  serve_touched();
+}
+
+void TcpStoreServer::Impl::accept_clients() {
+  // Bounded so that a connection storm cannot starve the clients already connected.
+  for (int i = 0; i < 64; ++i) {
+    net::SockAddr peer;
+    net::Fd fd;
+    try {
+      fd = net::accept_before(listen_fd.get(), Deadline(std::chrono::milliseconds(0)), &peer);
+    } catch (const Error& e) {
+      CHORUS_LOG(kWarn, "store server on " << host << ":" << port << ": " << e.what());
+      return;
+    }
+    if (!fd.valid()) return;
+    auto client = std::make_unique<Client>();
+    client->id = next_client_id_++;
+    client->fd = std::move(fd);
+    client->address = peer.str();
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = client->id;
+    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, client->fd.get(), &ev) != 0) {
+      CHORUS_LOG(kWarn, "store server: cannot watch client " << client->address << ": "
+                                                             << std::strerror(errno));
+      continue;
+    }
+    client->interest = ev.events;
+    CHORUS_LOG(kDebug, "store server: client " << client->address << " connected");
+    clients_.emplace(client->id, std::move(client));
+    num_clients.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void TcpStoreServer::Impl::on_client_event(Client& client, uint32_t events) {
+  if ((events & EPOLLERR) != 0) {
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(client.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    drop(client, std::string("socket error: ") + std::strerror(err), false);
+    return;
+  }
+  // A busy client is not read (see the backpressure note at the top); a hang-up then
+  // means it gave up on its request, which is no error of ours.
+  if (client.busy() && (events & (EPOLLHUP | EPOLLRDHUP)) != 0) {
+    drop(client, "disconnected while its request was pending", false);
+    return;
+  }
+  if (!client.busy() && (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP)) != 0) {
+    if (!read_input(client)) return;
+  }
+  serve(client.id);
+}
+
+// Reads what is available, at most one chunk. False when the client was dropped.
+bool TcpStoreServer::Impl::read_input(Client& client) {
+  ssize_t n = ::recv(client.fd.get(), scratch_.data(), scratch_.size(), 0);
+  if (n > 0) {
+    client.in.insert(client.in.end(), scratch_.begin(), scratch_.begin() + n);
+    return true;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+  if (n < 0) {
+    drop(client, std::string("receive failed: ") + std::strerror(errno), false);
+    return false;
+  }
+  if (client.in.empty()) {
+    drop(client, "disconnected", false);
+  } else {
+    drop(client,
+         "closed the connection in the middle of a frame (" + std::to_string(client.in.size()) +
+             " bytes of it received)",
+         true);
+  }
+  return false;
+}
+
+// Sends pending output and handles buffered frames until the client is busy or has
+// no complete frame left. May drop the client.
+void TcpStoreServer::Impl::serve(uint64_t client_id) {
+  auto it = clients_.find(client_id);
+  if (it == clients_.end()) return;
+  Client& client = *it->second;
+  while (true) {
+    if (!flush(client)) return;
+    if (client.busy()) break;
+    Request request;
+    FrameResult result = next_frame(client, &request);
+    if (result == FrameResult::kDropped) return;
+    if (result == FrameResult::kIncomplete) break;
+    handle(client, request);
+  }
+  update_interest(client);
+}
+
+bool TcpStoreServer::Impl::flush(Client& client) {
+  while (client.sending()) {
+    ssize_t n = ::send(client.fd.get(), client.out.data() + client.out_sent,
+                       client.out.size() - client.out_sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      client.out_sent += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return true;
+    } else {
+      drop(client, std::string("send failed: ") + std::strerror(errno), false);
+      return false;
+    }
+  }
+  // Give back the memory of a large reply rather than keep it per idle client.
+  if (client.out.capacity() > kReadChunk) Bytes().swap(client.out);
+  client.out.clear();
+  client.out_sent = 0;
+  return true;
+}
+
+// Takes the next complete frame out of the client's input. Lengths are checked as
+// soon as the prefix is in, so an oversized frame is refused before it is buffered.
+TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& client,
+                                                                   Request* request) {
+  constexpr size_t kPrefix = store_wire::kLengthPrefixBytes;
+  if (client.in.size() < kPrefix) return FrameResult::kIncomplete;
+  uint32_t length = store_wire::read_length_prefix(client.in.data());
+  std::string reason;
+  if (!store_wire::check_frame_length(length, &reason)) {
+    drop(client, reason, true);
+    return FrameResult::kDropped;
+  }
+  if (client.in.size() < kPrefix + length) {
+    client.in.reserve(kPrefix + length);  // length was checked above
+    return FrameResult::kIncomplete;
+  }
+  std::span<const uint8_t> payload(client.in.data() + kPrefix, length);
+  if (!store_wire::decode_request(payload, request, &reason)) {
+    drop(client, reason, true);
+    return FrameResult::kDropped;
+  }
+  client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
+  if (client.in.empty() && client.in.capacity() > kReadChunk) Bytes().swap(client.in);
+  return FrameResult::kReady;
+}
+
+const Bytes* TcpStoreServer::Impl::find(const std::string& key) const {
+  auto it = data_.find(key);
+  return it == data_.end() ? nullptr : &it->second;
+}
+
+void TcpStoreServer::Impl::handle(Client& client, Request& request) {
+  switch (request.op) {
+    case Op::kSet:
+      put(request.key, std::move(request.value));
+      return send_reply(client, ok_reply());
+    case Op::kGet:
+      if (const Bytes* value = find(request.key)) return send_reply(client, value_reply(*value));
+      return park(client, request);
+    case Op::kAdd:
+      return handle_add(client, request);
+    case Op::kCompareSet:
+      return handle_compare_set(client, request);
+    case Op::kCheck:
+      return send_reply(client, bool_reply(count_missing(request.keys) == 0));
+    case Op::kWait:
+      if (count_missing(request.keys) == 0) return send_reply(client, ok_reply());
+      return park(client, request);
+    case Op::kDelete:
+      return send_reply(client, bool_reply(erase(request.key)));
+    case Op::kNumKeys:
+      return send_reply(client, integer_reply(static_cast<int64_t>(data_.size())));
+  }
+}
+
+void TcpStoreServer::Impl::handle_add(Client& client, const Request& request) {
+  int64_t sum = 0;
+  try {
+    sum = store_wire::add_to_counter(request.key, find(request.key), request.delta);
+  } catch (const InvalidArgumentError& e) {
+    Reply reply;
+    reply.kind = ReplyKind::kInvalidArgument;
+    reply.message = e.what();
+    return send_reply(client, reply);
+  }
+  put(request.key, store_wire::counter_text(sum));
+  send_reply(client, integer_reply(sum));
+}
+
+void TcpStoreServer::Impl::handle_compare_set(Client& client, Request& request) {
+  const Bytes* current = find(request.key);
+  if (!store_wire::compare_matches(current, request.expected)) {
+    return send_reply(client, value_reply(current ? *current : Bytes()));
+  }
+  Reply reply = value_reply(request.value);
+  put(request.key, std::move(request.value));
+  send_reply(client, reply);
+}
+
+size_t TcpStoreServer::Impl::count_missing(const std::vector<std::string>& keys) const {
+  return static_cast<size_t>(
+      std::count_if(keys.begin(), keys.end(), [&](const std::string& k) { return !find(k); }));
+}
+
+void TcpStoreServer::Impl::park(Client& client, Request& request) {
+  Waiter waiter;
+  waiter.client = client.id;
+  waiter.op = request.op;
+  waiter.keys = request.op == Op::kGet ? std::vector<std::string>{std::move(request.key)}
+                                       : distinct(std::move(request.keys));
+  waiter.missing = count_missing(waiter.keys);
+  waiter.timeout_ms = request.timeout_ms;
+  auto timeout = std::min<uint64_t>(request.timeout_ms, store_wire::kLongestWait.count());
+  waiter.deadline = Clock::now() + std::chrono::milliseconds(timeout);
+  // A zero timeout is answered by expire_waiters() at the end of this loop turn.
+  client.waiter = waiters_.park(std::move(waiter));
+}
+
+void TcpStoreServer::Impl::put(const std::string& key, Bytes value) {
+  bool created = data_.insert_or_assign(key, std::move(value)).second;
+  if (!created) return;
+  for (uint64_t waiter_id : waiters_.key_created(key)) finish_waiter(waiter_id, false);
+}
+
+bool TcpStoreServer::Impl::erase(const std::string& key) {
+  if (data_.erase(key) == 0) return false;
+  waiters_.key_deleted(key);
+  return true;
+}
+
+// Answers a parked request: with its result when `timed_out` is false, else with
+// the keys still missing.
+void TcpStoreServer::Impl::finish_waiter(uint64_t waiter_id, bool timed_out) {
+  Waiter waiter = waiters_.remove(waiter_id);
+  auto it = clients_.find(waiter.client);
+  if (it == clients_.end()) return;
+  Client& client = *it->second;
+  client.waiter = 0;
+  if (timed_out) {
+    send_reply(client, timeout_reply(waiter));
+  } else if (waiter.op == Op::kGet) {
+    send_reply(client, value_reply(data_.at(waiter.keys.front())));
+  } else {
+    send_reply(client, ok_reply());
+  }
+  touched_.push_back(client.id);
+}
+
+Reply TcpStoreServer::Impl::timeout_reply(const Waiter& waiter) const {
+  Reply reply;
+  reply.kind = ReplyKind::kTimeout;
+  reply.missing_count = static_cast<uint32_t>(waiter.missing);
+  for (const std::string& key : waiter.keys) {
+    if (reply.keys.size() == store_wire::kMaxListedKeys) break;
+    if (!find(key)) reply.keys.push_back(key);
+  }
+  return reply;
+}
+
+void TcpStoreServer::Impl::expire_waiters() {
+  for (uint64_t waiter_id : waiters_.expired(Clock::now())) finish_waiter(waiter_id, true);
+  serve_touched();
+}
+
+void TcpStoreServer::Impl::serve_touched() {
+  while (!touched_.empty()) {
+    std::vector<uint64_t> batch;
+    batch.swap(touched_);
+    for (uint64_t client_id : batch) serve(client_id);
+  }
+}
+
+// Queues a reply; serve() sends it.
+void TcpStoreServer::Impl::send_reply(Client& client, const Reply& reply) {
+  Bytes frame = store_wire::encode_reply(reply);
+  if (client.out.empty()) {
+    client.out = std::move(frame);
+  } else {
+    client.out.insert(client.out.end(), frame.begin(), frame.end());
+  }
+}
+
+void TcpStoreServer::Impl::update_interest(Client& client) {
+  uint32_t wanted = EPOLLRDHUP;
+  if (client.sending()) wanted |= EPOLLOUT;
+  if (!client.busy()) wanted |= EPOLLIN;
+  if (wanted == client.interest) return;
+  epoll_event ev{};
+  ev.events = wanted;
+  ev.data.u64 = client.id;
+  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, client.fd.get(), &ev) != 0) {
+    return drop(client, std::string("epoll_ctl failed: ") + std::strerror(errno), true);
+  }
+  client.interest = wanted;
+}
+
+// Forgets the client and closes its socket; `client` is gone afterwards.
+void TcpStoreServer::Impl::drop(Client& client, const std::string& reason, bool warn) {
+  if (warn) {
+    CHORUS_LOG(kWarn, "store server on " << host << ":" << port << ": dropping client "
+                                         << client.address << ": " << reason);
+  } else {
+    CHORUS_LOG(kDebug, "store server on " << host << ":" << port << ": client " << client.address
+                                          << " " << reason);
+  }
+  if (client.waiter != 0) waiters_.remove(client.waiter);
+  ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, client.fd.get(), nullptr);
+  uint64_t id = client.id;  // a copy: erasing destroys `client`
+  clients_.erase(id);
+  num_clients.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void TcpStoreServer::Impl::drop_all(const std::string& reason) {
+  CHORUS_LOG(kError, "store server on " << host << ":" << port << " stops serving: " << reason);
+  std::vector<uint64_t> ids;
+  for (const auto& entry : clients_) ids.push_back(entry.first);
+  for (uint64_t id : ids) drop(*clients_.at(id), reason, false);
+}
+
+void TcpStoreServer::Impl::stop() {
+  stopping.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t ignored = ::write(wake_fd.get(), &one, sizeof one);
+  (void)ignored;
+  if (thread.joinable()) thread.join();
+}
+
+TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port)
+    : impl_(std::make_unique<Impl>(host, port)) {
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  // Clients' sockets close with impl_, after the thread has stopped touching them.
+  impl_->stop();
+}
+
+uint16_t TcpStoreServer::port() const { return impl_->port; }
+const std::string& TcpStoreServer::host() const { return impl_->host; }
+int TcpStoreServer::num_clients() const {
+  return impl_->num_clients.load(std::memory_order_relaxed);
+}
+
+}  // namespace chorus

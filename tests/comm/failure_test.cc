@@ -1,0 +1,199 @@
+// Failure paths with ranks as threads: mismatched collectives, a rank that never
+// arrives (operation timeout), abort() during a wait, refused handshakes. Every case
+// must end in a clear error, never a hang.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "chorus/chorus.h"
+#include "comm/transport/tcp/handshake.h"
+#include "util/ranks.h"
+
+namespace chorus {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_threads;
+
+// Runs a body per rank on its own communicator (created inside the thread) and
+// returns the message of each rank's exception ("" when none).
+std::vector<std::string> run_and_collect(int size, CommOptions options,
+                                         const std::function<void(Communicator&)>& body) {
+  auto store = std::make_shared<InMemoryStore>();
+  std::vector<std::string> messages(size);
+  auto errors = run_threads(size, [&](int rank) {
+    auto comm = Communicator::create(store, rank, size, options);
+    try {
+      body(*comm);
+    } catch (const Error& e) {
+      messages[rank] = e.what();
+    }
+  }, std::chrono::seconds(120));
+  test::rethrow_rank_failures(errors);
+  return messages;
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+TEST(Failure, MismatchedCountsAreAnErrorOnBothRanks) {
+  CommOptions o = test::test_options();
+  auto msgs = run_and_collect(2, o, [](Communicator& c) {
+    std::vector<float> buf(11, 1.0f);
+    size_t count = c.rank() == 0 ? 10 : 11;
+    c.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum).wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(contains(msgs[r], "allreduce #0")) << msgs[r];
+    EXPECT_TRUE(contains(msgs[r], "mismatched message") || contains(msgs[r], "aborted"))
+        << msgs[r];
+  }
+  EXPECT_TRUE(contains(msgs[0] + msgs[1], "mismatched message"));
+}
+
+TEST(Failure, DifferentCollectivesAreAnError) {
+  CommOptions o = test::test_options();
+  auto msgs = run_and_collect(3, o, [](Communicator& c) {
+    std::vector<int32_t> buf(4, 1);
+    if (c.rank() == 1) {
+      c.broadcast(buf.data(), 4, DataType::kInt32, 0).wait();
+    } else {
+      c.allreduce(buf.data(), 4, DataType::kInt32, ReduceOp::kSum).wait();
+    }
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(msgs[r].empty()) << "rank " << r << " saw no error";
+  EXPECT_TRUE(contains(msgs[1], "expected broadcast #0")) << msgs[1];
+  EXPECT_TRUE(contains(msgs[1], "got allreduce #0")) << msgs[1];
+}
+
+TEST(Failure, AbsentRankTimesOutNamingIt) {
+  CommOptions o = test::test_options();
+  o.timeout = 1500ms;
+  std::atomic<bool> rank0_done{false};
+  auto msgs = run_and_collect(2, o, [&](Communicator& c) {
+    std::vector<float> buf(1000, 1.0f);
+    if (c.rank() == 0) {
+      auto start = std::chrono::steady_clock::now();
+      try {
+        c.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum).wait();
+      } catch (const TimeoutError& e) {
+        auto took = std::chrono::steady_clock::now() - start;
+        EXPECT_LT(took, 10s);
+        EXPECT_GE(took, 1400ms);
+        rank0_done = true;
+        // The communicator is broken now: the next call fails at once.
+        auto w = c.barrier();
+        EXPECT_THROW(w.wait(), AbortedError);
+        throw;
+      }
+    } else {
+      while (!rank0_done) std::this_thread::sleep_for(10ms);
+      // Late: rank 0 has given up and aborted. Its data for this allreduce may still
+      // be in flight (then this one completes), but the next operation must fail
+      // promptly, naming rank 0.
+      auto start = std::chrono::steady_clock::now();
+      try {
+        c.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum).wait();
+        c.barrier().wait();
+      } catch (const PeerError&) {
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+        throw;
+      }
+      ADD_FAILURE() << "rank 1 never learnt that rank 0 aborted";
+    }
+  });
+  EXPECT_TRUE(contains(msgs[0], "timed out")) << msgs[0];
+  EXPECT_TRUE(contains(msgs[0], "rank 1")) << msgs[0];
+  EXPECT_TRUE(contains(msgs[0], "allreduce #0")) << msgs[0];
+  EXPECT_TRUE(contains(msgs[1], "rank 0")) << msgs[1];
+}
+
+TEST(Failure, AbortInterruptsAWaitingOperation) {
+  CommOptions o = test::test_options();
+  auto msgs = run_and_collect(2, o, [&](Communicator& c) {
+    std::vector<float> buf(10, 1.0f);
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(300ms);
+      c.abort("test abort");
+      EXPECT_TRUE(c.is_aborted());
+      auto w = c.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      EXPECT_THROW(w.wait(), AbortedError);
+      return;
+    }
+    auto start = std::chrono::steady_clock::now();
+    // Rank 0 waits for rank 1, which aborts instead of joining.
+    auto w = c.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+    try {
+      w.wait();
+    } catch (const PeerError&) {
+      EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+      throw;
+    }
+  });
+  EXPECT_TRUE(contains(msgs[0], "rank 1")) << msgs[0];
+  EXPECT_TRUE(contains(msgs[0], "test abort") || contains(msgs[0], "closed")) << msgs[0];
+}
+
+TEST(Failure, AbortFromAnotherThreadWhileWaiting) {
+  CommOptions o = test::test_options();
+  auto msgs = run_and_collect(2, o, [&](Communicator& c) {
+    std::vector<float> buf(10, 1.0f);
+    if (c.rank() == 0) {
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(300ms);
+        c.abort("stop now");
+      });
+      auto start = std::chrono::steady_clock::now();
+      try {
+        c.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum).wait();
+      } catch (const AbortedError&) {
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+        aborter.join();
+        throw;
+      }
+      aborter.join();
+      return;
+    }
+    // Rank 1 joins only after rank 0 aborted: it must fail, not hang (the allreduce
+    // may still complete with data rank 0 sent before aborting; the barrier cannot).
+    std::this_thread::sleep_for(1s);
+    c.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum).wait();
+    c.barrier().wait();
+  });
+  EXPECT_TRUE(contains(msgs[0], "stop now")) << msgs[0];
+  EXPECT_FALSE(msgs[1].empty());
+}
+
+TEST(Handshake, EveryFieldIsChecked) {
+  using namespace transport::tcp;
+  Expected e{1, 4, "world", "secret"};
+  Hello ok;
+  ok.from_rank = 3;
+  ok.to_rank = 1;
+  ok.size = 4;
+  ok.comm_id = "world";
+  ok.token = "secret";
+  EXPECT_FALSE(check_hello(ok, e).has_value());
+  auto refused = [&](auto mutate, const char* field) {
+    Hello h = ok;
+    mutate(h);
+    auto why = check_hello(h, e);
+    ASSERT_TRUE(why.has_value()) << field;
+    EXPECT_TRUE(contains(*why, field)) << *why;
+  };
+  refused([](Hello& h) { h.version = 99; }, "protocol version");
+  refused([](Hello& h) { h.endian = 0x04030201; }, "byte order");
+  refused([](Hello& h) { h.token = "guess"; }, "job token");
+  refused([](Hello& h) { h.comm_id = "other"; }, "communicator id");
+  refused([](Hello& h) { h.size = 5; }, "world size");
+  refused([](Hello& h) { h.to_rank = 2; }, "target rank");
+  refused([](Hello& h) { h.from_rank = 0; }, "peer rank");
+  refused([](Hello& h) { h.from_rank = 4; }, "peer rank");
+}
+
+}  // namespace
+}  // namespace chorus

@@ -1,0 +1,160 @@
+// Environment settings: defaults, chorus names over HCCL fallbacks, bad values, and
+// the interface selection rules of CHORUS_SOCKET_IFNAME.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "chorus/communicator.h"
+#include "chorus/error.h"
+#include "comm/common/settings.h"
+#include "comm/common/socket.h"
+
+namespace chorus {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Sets environment variables for one test and restores them afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv& set(const char* name, const char* value) {
+    if (saved_.find(name) == saved_.end()) {
+      const char* old = getenv(name);
+      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+    }
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    return *this;
+  }
+  ~ScopedEnv() {
+    for (auto& [name, value] : saved_) {
+      if (value) setenv(name.c_str(), value->c_str(), 1);
+      else unsetenv(name.c_str());
+    }
+  }
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+const char* kVars[] = {"CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CHORUS_CONNECT_TIMEOUT",
+                       "HCCL_CONNECT_TIMEOUT", "CHORUS_ALGO", "CHORUS_IF_IP", "HCCL_IF_IP",
+                       "CHORUS_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "MASTER_PORT", "RANK",
+                       "WORLD_SIZE", "CHORUS_JOB_TOKEN"};
+
+class SettingsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kVars) env_.set(v, nullptr);
+  }
+  ScopedEnv env_;
+};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no ConfigError>";
+}
+
+TEST_F(SettingsTest, DefaultsOfAnEmptyEnvironment) {
+  EXPECT_EQ(settings::op_timeout(), std::chrono::minutes(30));
+  EXPECT_EQ(settings::connect_timeout(), std::chrono::seconds(120));
+  EXPECT_EQ(settings::master_port(), 29500);
+  EXPECT_EQ(settings::master_addr(), "127.0.0.1");
+  EXPECT_EQ(settings::rank(), 0);
+  EXPECT_EQ(settings::world_size(), 1);
+  EXPECT_EQ(settings::algorithm(), "auto");
+  CommOptions o = CommOptions::from_env();
+  EXPECT_EQ(o.algorithm, Algorithm::kAuto);
+  EXPECT_EQ(o.job_token, "");
+  EXPECT_EQ(o.listen_address, "");
+}
+
+TEST_F(SettingsTest, DurationsAcceptSecondsAndSuffixes) {
+  EXPECT_EQ(settings::parse_duration("X", "90", std::chrono::seconds(1)), milliseconds(90000));
+  EXPECT_EQ(settings::parse_duration("X", "250ms", std::chrono::seconds(1)), milliseconds(250));
+  EXPECT_EQ(settings::parse_duration("X", "1.5s", std::chrono::seconds(1)), milliseconds(1500));
+  EXPECT_EQ(settings::parse_duration("X", "2m", std::chrono::seconds(1)), milliseconds(120000));
+  EXPECT_EQ(settings::parse_duration("X", "1h", std::chrono::seconds(1)), milliseconds(3600000));
+  for (const char* bad : {"", "abc", "-5", "0", "10parsecs", "5 s"}) {
+    std::string msg = error_of([&] { settings::parse_duration("CHORUS_TIMEOUT", bad, std::chrono::seconds(1)); });
+    EXPECT_NE(msg.find("CHORUS_TIMEOUT"), std::string::npos) << bad << ": " << msg;
+  }
+}
+
+TEST_F(SettingsTest, ChorusNamesWinOverHcclFallbacks) {
+  env_.set("HCCL_EXEC_TIMEOUT", "40").set("HCCL_CONNECT_TIMEOUT", "50");
+  EXPECT_EQ(settings::op_timeout(), std::chrono::seconds(40));
+  EXPECT_EQ(settings::connect_timeout(), std::chrono::seconds(50));
+  env_.set("CHORUS_TIMEOUT", "5s").set("CHORUS_CONNECT_TIMEOUT", "6s");
+  EXPECT_EQ(settings::op_timeout(), std::chrono::seconds(5));
+  EXPECT_EQ(settings::connect_timeout(), std::chrono::seconds(6));
+  env_.set("HCCL_IF_IP", "127.0.0.9");
+  EXPECT_EQ(settings::if_ip(), "127.0.0.9");
+  env_.set("CHORUS_IF_IP", "127.0.0.8");
+  EXPECT_EQ(settings::if_ip(), "127.0.0.8");
+  EXPECT_EQ(CommOptions::from_env().listen_address, "127.0.0.8");
+}
+
+TEST_F(SettingsTest, BadValuesNameTheVariable) {
+  env_.set("MASTER_PORT", "70000");
+  EXPECT_NE(error_of([] { settings::master_port(); }).find("MASTER_PORT"), std::string::npos);
+  env_.set("MASTER_PORT", "12ab");
+  EXPECT_NE(error_of([] { settings::master_port(); }).find("MASTER_PORT"), std::string::npos);
+  env_.set("CHORUS_ALGO", "bogus");
+  EXPECT_NE(error_of([] { CommOptions::from_env(); }).find("CHORUS_ALGO"), std::string::npos);
+  env_.set("CHORUS_ALGO", nullptr).set("HCCL_EXEC_TIMEOUT", "soon");
+  EXPECT_NE(error_of([] { settings::op_timeout(); }).find("HCCL_EXEC_TIMEOUT"), std::string::npos);
+}
+
+TEST_F(SettingsTest, RankAndWorldSizeComeTogether) {
+  env_.set("RANK", "1");
+  std::string msg = error_of([] { settings::world_size(); });
+  EXPECT_NE(msg.find("RANK"), std::string::npos);
+  EXPECT_NE(msg.find("WORLD_SIZE"), std::string::npos);
+  env_.set("WORLD_SIZE", "4");
+  EXPECT_EQ(settings::rank(), 1);
+  EXPECT_EQ(settings::world_size(), 4);
+  env_.set("RANK", "4");
+  EXPECT_NE(error_of([] { settings::rank(); }).find("RANK"), std::string::npos);
+  env_.set("RANK", "0").set("WORLD_SIZE", "0");
+  EXPECT_NE(error_of([] { settings::world_size(); }).find("WORLD_SIZE"), std::string::npos);
+}
+
+TEST_F(SettingsTest, InterfacePatterns) {
+  // Loopback exists everywhere: "lo" as prefix, as exact name, and excluded.
+  EXPECT_EQ(net::address_for_interfaces("lo", "CHORUS_SOCKET_IFNAME"), "127.0.0.1");
+  EXPECT_EQ(net::address_for_interfaces("=lo", "CHORUS_SOCKET_IFNAME"), "127.0.0.1");
+  EXPECT_EQ(net::address_for_interfaces("nosuchif,lo", "CHORUS_SOCKET_IFNAME"), "127.0.0.1");
+  std::string msg = error_of([] { net::address_for_interfaces("=l", "CHORUS_SOCKET_IFNAME"); });
+  EXPECT_NE(msg.find("CHORUS_SOCKET_IFNAME"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lo"), std::string::npos) << "lists the interfaces: " << msg;
+  // Excluding loopback never picks a loopback address.
+  try {
+    std::string a = net::address_for_interfaces("^lo", "CHORUS_SOCKET_IFNAME");
+    EXPECT_NE(a.rfind("127.", 0), 0u) << a;
+    EXPECT_NE(a, "::1");
+  } catch (const ConfigError&) {
+    // A machine with only loopback: nothing left after the exclusion, also correct.
+  }
+  env_.set("HCCL_SOCKET_IFNAME", "=lo");
+  EXPECT_EQ(CommOptions::from_env().listen_address, "127.0.0.1");
+  env_.set("CHORUS_SOCKET_IFNAME", "=nosuchif0");
+  msg = error_of([] { CommOptions::from_env(); });
+  EXPECT_NE(msg.find("CHORUS_SOCKET_IFNAME"), std::string::npos) << msg;
+}
+
+TEST_F(SettingsTest, ListenAddressRoutesTowardsTheStore) {
+  EXPECT_EQ(net::local_address_towards("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(net::local_address_towards("no-such-host.invalid"), "");
+}
+
+}  // namespace
+}  // namespace chorus
