@@ -48,4 +48,11 @@ const char* op_name(ReduceOp op);
 std::optional<DataType> parse_dtype(std::string_view name);
 std::optional<ReduceOp> parse_op(std::string_view name);
 
+// IEEE binary16 and bfloat16 from and to float32 (round to nearest even, NaN kept a
+// NaN). The conversions chorus uses inside its reductions.
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+float bfloat16_to_float(uint16_t b);
+uint16_t float_to_bfloat16(float f);
+
 }  // namespace chorus

@@ -19,10 +19,4 @@ ReduceFn reduce_function(DataType dtype, ReduceOp op);
 // buf[i] /= divisor (integers truncate toward zero). For kAvg.
 void finish_avg(void* buf, size_t count, DataType dtype, int divisor);
 
-// IEEE binary16 and bfloat16 conversions (round to nearest even, NaN preserved).
-float half_to_float(uint16_t h);
-uint16_t float_to_half(float f);
-float bfloat16_to_float(uint16_t b);
-uint16_t float_to_bfloat16(float f);
-
 }  // namespace chorus

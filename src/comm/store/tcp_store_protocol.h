@@ -25,8 +25,9 @@
 //   INVALID_ARGUMENT  message              (ADD on a value that is not an integer)
 //
 // A key, value or message is a u32 length and that many bytes; `keys` is a u32 count
-// and that many keys; integers are fixed-width little-endian. Each connection carries
-// one request at a time and gets exactly one reply per request, in order.
+// and that many keys; integers are fixed-width little-endian. Every request gets
+// exactly one reply, in request order: the server takes a connection's next request
+// only once the previous one is answered (a parked GET or WAIT included).
 //
 // Decoding never trusts a number from the network: every length and count is checked
 // against its limit and against the bytes left in the frame before anything is

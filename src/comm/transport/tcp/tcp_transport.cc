@@ -113,6 +113,10 @@ class TcpTransport final : public Transport {
     throw PeerError(op_name() + " failed on " + here() + ": " + what);
   }
   [[noreturn]] void fail_timeout() const;
+  // The stream to `peer` broke: reports `what` with the peer's own reason when it sent
+  // an abort frame before closing, else as a dead peer.
+  [[noreturn]] void fail_closed(int peer, const std::string& what);
+  std::string salvage_abort_reason(int peer);
 
   int rank_, size_;
   std::vector<Peer> peers_;
@@ -234,8 +238,8 @@ bool TcpTransport::progress_sends(int peer) {
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
-      fail_peer(peer, "sending to " + peer_name(peer) + " failed: " + std::strerror(errno) +
-                          " (the peer process died or closed the connection)");
+      std::string err = std::strerror(errno);
+      fail_closed(peer, "sending to " + peer_name(peer) + " failed: " + err);
     }
     moved = true;
     auto left = static_cast<size_t>(w);
@@ -273,15 +277,18 @@ bool TcpTransport::progress_recvs(int peer) {
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
-      fail_peer(peer, "receiving from " + peer_name(peer) + " failed: " + std::strerror(errno) +
-                          " (the peer process died or closed the connection)");
+      std::string err = std::strerror(errno);
+      fail_closed(peer, "receiving from " + peer_name(peer) + " failed: " + err);
     }
     if (r == 0) {
-      fail_peer(peer, peer_name(peer) + " closed the connection while " +
-                          std::to_string(e.want.length) + " bytes were expected from it" +
-                          (p.said_goodbye ? " (it had left the communicator cleanly: did the "
-                                            "ranks issue different operations?)"
-                                          : " (the peer process died or aborted)"));
+      if (p.said_goodbye) {
+        fail_peer(peer, peer_name(peer) + " closed the connection while " +
+                            std::to_string(e.want.length) +
+                            " bytes were expected from it (it had left the communicator "
+                            "cleanly: did the ranks issue different operations?)");
+      }
+      fail_closed(peer, peer_name(peer) + " closed the connection while " +
+                            std::to_string(e.want.length) + " bytes were expected from it");
     }
     moved = true;
     size_t before = e.done;
@@ -384,8 +391,7 @@ void TcpTransport::check_idle_peer(int peer) {
   int avail = 0;
   if (ioctl(p.fd.get(), FIONREAD, &avail) != 0) avail = 0;
   if (avail == 0) {
-    fail_peer(peer, peer_name(peer) + " closed its connection to this rank (the peer process "
-                                      "died or aborted)");
+    fail_closed(peer, peer_name(peer) + " closed its connection to this rank");
   }
   FrameHeader h;
   ssize_t n = avail >= static_cast<int>(sizeof h)
@@ -404,6 +410,49 @@ void TcpTransport::check_idle_peer(int peer) {
     e.data = nullptr;
     fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, 0));
   }
+}
+
+void TcpTransport::fail_closed(int peer, const std::string& what) {
+  std::string reason = salvage_abort_reason(peer);
+  if (!reason.empty()) fail_peer(peer, what + "; it had aborted: " + reason);
+  fail_peer(peer, what + " (the peer process died or aborted)");
+}
+
+// A peer that aborts sends an abort frame before closing, possibly behind data this
+// rank has not read yet. Once the stream is broken that data is worthless: read past
+// it, frame by frame (bounded in bytes and time), looking for the reason.
+std::string TcpTransport::salvage_abort_reason(int peer) {
+  Peer& p = peers_[peer];
+  if (!p.fd.valid()) return "";
+  const Deadline deadline(std::chrono::milliseconds(200));
+  uint64_t skip = 0, budget = uint64_t{256} << 20;
+  if (!p.recvs.empty() && p.recvs.front().done > 0) {
+    const RecvEntry& e = p.recvs.front();
+    if (e.done < sizeof(FrameHeader)) return "";  // lost inside a header: give up
+    skip = sizeof(FrameHeader) + e.want.length - e.done;
+  }
+  try {
+    std::vector<uint8_t> sink(64 * 1024);
+    while (budget > 0) {
+      while (skip > 0) {
+        size_t n = static_cast<size_t>(std::min<uint64_t>(skip, sink.size()));
+        net::read_full(p.fd.get(), sink.data(), n, deadline, "salvage");
+        skip -= n;
+      }
+      FrameHeader h;
+      net::read_full(p.fd.get(), &h, sizeof h, deadline, "salvage");
+      if (h.magic != kFrameMagic) return "";
+      if (h.kind == static_cast<uint8_t>(FrameKind::kAbort)) {
+        std::string text(std::min<uint64_t>(h.length, kMaxControlPayload), '\0');
+        net::read_full(p.fd.get(), text.data(), text.size(), deadline, "salvage");
+        return text;
+      }
+      skip = h.length;
+      budget = budget > h.length ? budget - h.length : 0;
+    }
+  } catch (const Error&) {
+  }
+  return "";
 }
 
 void TcpTransport::fail_timeout() const {

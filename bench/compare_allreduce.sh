@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# Allreduce (f32 sum, 2 ranks, TCP over 127.0.0.1) of chorus, Gloo and Open MPI,
+# measured in one run on this machine and printed side by side.
+#
+# Usage: bench/compare_allreduce.sh [-b MINBYTES] [-e MAXBYTES] [-f FACTOR]
+#            [-n ITERS] [-w WARMUP] [-L LARGE] [-N ITERS_LARGE] [-W WARMUP_LARGE]
+#            [-t TIMEOUT_S] [-R REPEATS]
+#   -b/-e/-f  sizes, K/M/G suffixes allowed            (default 8, 256M, 2)
+#   -n/-w     timed and warm-up iterations per size   (default 20, 5)
+#   -L        sizes above this use -N/-W instead       (default 32M)
+#   -N/-W     iterations for those large sizes        (default ceil(n/4), ceil(w/5))
+#   -t        deadline of each program run, seconds   (default 600)
+#   -R        runs of the whole set, round robin over the libraries; each time
+#             is the best of the runs, against load from other processes (default 1)
+# Every library gets the same sizes and iteration counts. Time is the average per op
+# of back-to-back ops, max over the 2 ranks; busbw = size/time * 2(n-1)/n (nccl-tests).
+# chorus and MPI run out of place; torch's all_reduce (Gloo) only runs in place.
+# Each program also checks its results (#wrong elements must be 0).
+# Environment: CHORUS_BENCH=path uses that binary instead of building
+# build/bin/chorus-bench. Exits non-zero when a library fails, times out or returns
+# wrong results.
+set -euo pipefail
+
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
+readonly RANKS=2
+
+min_bytes=8 max_bytes=256M factor=2 iters=20 warmup=5 large=32M timeout_s=600 repeats=1
+iters_large="" warmup_large=""
+
+die() { echo "compare_allreduce: $*" >&2; exit 1; }
+
+# Prints the usage lines of the header; exits with $1.
+usage() { sed -n '5,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
+
+# Bytes of "N", "NK", "NM" or "NG" (powers of 1024); exits 2 naming the option.
+to_bytes() {
+  local opt=$1 text=$2
+  [[ $text =~ ^([0-9]+)([KkMmGg]?)$ ]] || { echo "compare_allreduce: bad value '$text' for $opt" >&2; exit 2; }
+  local n=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]^^}
+  case $unit in K) n=$((n << 10)) ;; M) n=$((n << 20)) ;; G) n=$((n << 30)) ;; esac
+  echo "$n"
+}
+
+parse_args() {
+  local opt
+  while getopts "b:e:f:n:w:L:N:W:t:R:h" opt; do
+    case $opt in
+      b) min_bytes=$OPTARG ;; e) max_bytes=$OPTARG ;; f) factor=$OPTARG ;;
+      n) iters=$OPTARG ;; w) warmup=$OPTARG ;; L) large=$OPTARG ;;
+      N) iters_large=$OPTARG ;; W) warmup_large=$OPTARG ;; t) timeout_s=$OPTARG ;;
+      R) repeats=$OPTARG ;; h) usage 0 ;;
+      *) usage 2 ;;
+    esac
+  done
+  min_bytes=$(to_bytes -b "$min_bytes"); max_bytes=$(to_bytes -e "$max_bytes")
+  large=$(to_bytes -L "$large"); factor=$(to_bytes -f "$factor")
+  iters=$(to_bytes -n "$iters"); warmup=$(to_bytes -w "$warmup")
+  timeout_s=$(to_bytes -t "$timeout_s"); repeats=$(to_bytes -R "$repeats")
+  iters_large=$(to_bytes -N "${iters_large:-$(( (iters + 3) / 4 ))}")
+  warmup_large=$(to_bytes -W "${warmup_large:-$(( (warmup + 4) / 5 ))}")
+  ((repeats >= 1)) || { echo "compare_allreduce: -R must be >= 1" >&2; exit 2; }
+  ((factor >= 2)) || { echo "compare_allreduce: -f must be >= 2" >&2; exit 2; }
+  ((iters >= 1 && iters_large >= 1)) || { echo "compare_allreduce: -n and -N must be >= 1" >&2; exit 2; }
+  ((min_bytes >= 4 && min_bytes <= max_bytes)) || { echo "compare_allreduce: need 4 <= -b <= -e" >&2; exit 2; }
+}
+
+# Installs the Debian packages that are missing (none when all are present).
+ensure_packages() {
+  local missing=() pkg
+  for pkg in openmpi-bin libopenmpi-dev python3-torch; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$pkg")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  echo "compare_allreduce: installing ${missing[*]}" >&2
+  local sudo=""; ((EUID == 0)) || sudo=sudo
+  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
+}
+
+build_programs() {
+  if [[ -z ${CHORUS_BENCH:-} ]]; then
+    CHORUS_BENCH=$ROOT/build/bin/chorus-bench
+    [[ -f $ROOT/build/CMakeCache.txt ]] ||
+      timeout 600 cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >&2 ||
+      die "cmake configure failed"
+    timeout 1800 cmake --build "$ROOT/build" -j "$(nproc)" --target chorus-bench >&2 ||
+      die "building chorus-bench failed"
+  fi
+  [[ -x $CHORUS_BENCH ]] || die "no chorus-bench at $CHORUS_BENCH"
+  timeout 300 mpicc -O2 -o "$WORK/mpi_allreduce" "$ROOT/bench/mpi_allreduce.c" || die "mpicc failed"
+  timeout 300 $PY -c 'import torch.distributed as d; assert d.is_available()' ||
+    die "$PY cannot import torch.distributed (python3-torch)"
+}
+
+free_port() {
+  timeout 60 $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Reports a failed run ($1 = library, $2 = exit status, $3 = its log) and exits.
+fail_run() {
+  local why="exit status $2"
+  ((${2} == 124 || ${2} == 137)) && why="timed out after ${timeout_s} s"
+  echo "compare_allreduce: $1 failed ($why); last lines of its output:" >&2
+  tail -n 20 "$3" >&2
+  exit 1
+}
+
+# run_LIB BAND_ARGS... : appends "size time_us wrong" (or JSON) lines to $WORK/LIB.out.
+run_chorus() {
+  local rc=0
+  env -u CHORUS_TRANSPORT timeout -k 10 "$timeout_s" "$CHORUS_BENCH" --np "$RANKS" \
+    -o allreduce -d f32 -r sum -c 1 --json "$@" >>"$WORK/chorus.out" 2>>"$WORK/chorus.log" || rc=$?
+  ((rc == 0)) || fail_run chorus "$rc" "$WORK/chorus.log"
+}
+
+run_mpi() {
+  local rc=0
+  timeout -k 10 "$timeout_s" mpirun --allow-run-as-root --oversubscribe --mca pml ob1 \
+    --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+    -np "$RANKS" "$WORK/mpi_allreduce" "$@" >>"$WORK/mpi.out" 2>>"$WORK/mpi.log" || rc=$?
+  ((rc == 0)) || fail_run mpi "$rc" "$WORK/mpi.log"
+}
+
+# Starts one python process per rank; when one fails the others are stopped.
+run_gloo() {
+  local port rank pids=() remaining pid rc=0 done_pid
+  port=$(free_port)
+  for ((rank = 0; rank < RANKS; rank++)); do
+    RANK=$rank WORLD_SIZE=$RANKS MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
+      OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" $PY "$ROOT/bench/gloo_allreduce.py" "$@" \
+      >>"$WORK/gloo.out.$rank" 2>>"$WORK/gloo.log" &
+    pids+=($!)
+  done
+  while ((${#pids[@]} > 0)); do
+    wait -n -p done_pid "${pids[@]}" || rc=$?
+    remaining=()
+    for pid in "${pids[@]}"; do [[ $pid == "$done_pid" ]] || remaining+=("$pid"); done
+    pids=("${remaining[@]}")
+    if ((rc != 0)); then
+      kill "${pids[@]}" 2>/dev/null || true
+      wait "${pids[@]}" 2>/dev/null || true
+      fail_run gloo "$rc" "$WORK/gloo.log"
+    fi
+  done
+  cat "$WORK/gloo.out.0" >>"$WORK/gloo.out"
+  rm -f "$WORK"/gloo.out.*
+}
+
+# Runs every library over the sizes up to -L, then over the larger ones.
+run_all() {
+  local size=$min_bytes first_large=0 last_small=0
+  while ((size <= max_bytes)); do
+    if ((size <= large)); then last_small=$size; elif ((first_large == 0)); then first_large=$size; fi
+    size=$((size * factor))
+  done
+  local lib run
+  for ((run = 1; run <= repeats; run++)); do
+    for lib in chorus gloo mpi; do
+      echo "compare_allreduce: running $lib ($run/$repeats)" >&2
+      ((last_small == 0)) || "run_$lib" -b "$min_bytes" -e "$last_small" -f "$factor" -n "$iters" -w "$warmup"
+      ((first_large == 0)) || "run_$lib" -b "$first_large" -e "$max_bytes" -f "$factor" \
+        -n "$iters_large" -w "$warmup_large"
+    done
+  done
+}
+
+# Joins the three outputs by size and prints the table; exits 1 on missing sizes or
+# wrong results.
+print_table() {
+  $PY - "$WORK" "$RANKS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+import json, sys
+work, ranks, load_before, load_after = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+libs = ("chorus", "gloo", "mpi")
+
+def rows(lib):
+    """{size: (best time_us over the runs, wrong elements summed over the runs)}"""
+    out = {}
+    for line in open(f"{work}/{lib}.out"):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("{"):
+            r = json.loads(line)
+            size, time_us, wrong = r["size"], r["time_us"], r["wrong"]
+        else:
+            size, time_us, wrong = line.split()
+        size, time_us, wrong = int(size), float(time_us), int(wrong)
+        best, bad = out.get(size, (time_us, 0))
+        out[size] = (min(best, time_us), bad + wrong)
+    return out
+
+data = {lib: rows(lib) for lib in libs}
+sizes = sorted(set().union(*data.values()))
+missing = [(lib, s) for lib in libs for s in sizes if s not in data[lib]]
+if missing:
+    sys.exit(f"compare_allreduce: missing results: {missing[:5]}")
+factor = 2 * (ranks - 1) / ranks
+busbw = lambda size, us: size / (us * 1e3) * factor  # GB/s
+head = ("size", "chorus_us", "gloo_us", "mpi_us", "chorus_bw", "gloo_bw", "mpi_bw",
+        "c/gloo_bw", "c/mpi_bw", "c/mpi_lat")
+print(f"# allreduce f32 sum, {ranks} ranks, TCP over 127.0.0.1; time in us (avg per op, "
+      "max over ranks); busbw in GB/s; ratios chorus/other")
+print("# c/gloo_bw, c/mpi_bw > 1 and c/mpi_lat < 1 (sizes up to 64 KiB) favour chorus")
+print(f"# load average (1/5/15 min) before: {load_before}, after: {load_after}")
+print("".join(f"{h:>12}" for h in head))
+wrong = 0
+for s in sizes:
+    t = [data[lib][s][0] for lib in libs]
+    bw = [busbw(s, x) for x in t]
+    wrong += sum(data[lib][s][1] for lib in libs)
+    lat = f"{t[0] / t[2]:12.2f}" if s <= 64 * 1024 else f"{'-':>12}"
+    print(f"{s:>12}" + "".join(f"{x:12.1f}" for x in t) + "".join(f"{x:12.3f}" for x in bw)
+          + f"{bw[0] / bw[1]:12.2f}{bw[0] / bw[2]:12.2f}" + lat)
+bad = {lib: sum(w for _, w in data[lib].values()) for lib in libs}
+if wrong:
+    sys.exit(f"compare_allreduce: wrong elements: {bad}")
+EOF
+}
+
+main() {
+  parse_args "$@"
+  LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+  ensure_packages
+  WORK=$(mktemp -d /tmp/compare_allreduce.XXXXXX)
+  trap 'rm -rf "$WORK"' EXIT
+  build_programs
+  run_all
+  print_table
+}
+
+main "$@"
