@@ -9,12 +9,18 @@
 // Work at once. Operations complete in issue order.
 //
 // Buffers: `send`/`recv` pointers are raw memory owned by the caller; they must stay
-// valid until the Work completes. A count of 0 allows null pointers. "In place" is
-// spelled as in NCCL: pass the same pointer (for allgather, send == recv + rank*count;
-// for reduce_scatter, recv == send + rank*recv_count).
+// valid until the Work completes. A count of 0 allows null pointers, and so does a
+// buffer a rank does not use (broadcast's send, gather's recv and scatter's send on
+// ranks other than the root; reduce's recv on non-roots). "In place" is spelled as in
+// NCCL: pass the same pointer for allreduce, broadcast, reduce and alltoall; for
+// allgather send == recv + rank*count; for allgatherv send == recv + displs[rank];
+// for reduce_scatter recv == send + rank*recv_count; for gather on the root
+// send == recv + root*count; for scatter on the root recv == send + root*count.
 //
 // Errors: argument errors throw InvalidArgumentError from the issuing call, before any
-// byte is sent, and leave the communicator usable. A failure during an operation (a
+// byte is sent, and leave the communicator usable. The one check that needs every
+// rank (alltoallv's counts) fails through the Work, on every rank, also before any
+// data moves and also leaving the communicator usable. A failure during an operation (a
 // dead or misbehaving peer, a timeout) is reported through the Work, names the
 // operation, its sequence number, the peer's rank and host, and aborts the
 // communicator: queued and later operations fail at once with AbortedError.
@@ -123,8 +129,8 @@ class Communicator {
   virtual Work alltoall(const void* send, void* recv, size_t count, DataType dtype) = 0;
   // Like alltoall with per-peer counts and displacements (in elements). What rank a
   // sends to b must equal what b expects from a; this is checked on every rank before
-  // any data moves, and a mismatch fails the call on every rank with
-  // InvalidArgumentError.
+  // any data moves, and a mismatch fails the Work on every rank with
+  // InvalidArgumentError (naming both ranks and counts where it was found).
   virtual Work alltoallv(const void* send, std::span<const size_t> send_counts,
                          std::span<const size_t> send_displs, void* recv,
                          std::span<const size_t> recv_counts,

@@ -117,6 +117,7 @@ class TcpTransport final : public Transport {
   // an abort frame before closing, else as a dead peer.
   [[noreturn]] void fail_closed(int peer, const std::string& what);
   std::string salvage_abort_reason(int peer);
+  std::string other_dead_peers(int except) const;
 
   int rank_, size_;
   std::vector<Peer> peers_;
@@ -151,7 +152,7 @@ Request TcpTransport::isend(int peer, const void* data, size_t len) {
   SendEntry e;
   e.header.kind = static_cast<uint8_t>(op_.kind);
   e.header.op = op_.code;
-  e.header.seq = op_.kind == FrameKind::kP2P ? ++p.p2p_sent : static_cast<uint32_t>(op_.seq);
+  e.header.seq = op_.kind == FrameKind::kP2P ? p.p2p_sent++ : static_cast<uint32_t>(op_.seq);
   e.header.length = len;
   e.data = static_cast<const uint8_t*>(data);
   p.sends.push_back(e);
@@ -163,7 +164,7 @@ Request TcpTransport::irecv(int peer, void* data, size_t len) {
   RecvEntry e;
   e.want.kind = static_cast<uint8_t>(op_.kind);
   e.want.op = op_.code;
-  e.want.seq = op_.kind == FrameKind::kP2P ? ++p.p2p_received : static_cast<uint32_t>(op_.seq);
+  e.want.seq = op_.kind == FrameKind::kP2P ? p.p2p_received++ : static_cast<uint32_t>(op_.seq);
   e.want.length = len;
   e.data = static_cast<uint8_t*>(data);
   p.recvs.push_back(e);
@@ -415,7 +416,30 @@ void TcpTransport::check_idle_peer(int peer) {
 void TcpTransport::fail_closed(int peer, const std::string& what) {
   std::string reason = salvage_abort_reason(peer);
   if (!reason.empty()) fail_peer(peer, what + "; it had aborted: " + reason);
-  fail_peer(peer, what + " (the peer process died or aborted)");
+  fail_peer(peer, what + " (the peer process died or aborted)" + other_dead_peers(peer));
+}
+
+// Peers other than `except` whose streams are closed with nothing left to read: dead.
+// Named in a failure report because the peer that broke this rank's stream may only
+// have reacted to one of them.
+std::string TcpTransport::other_dead_peers(int except) const {
+  std::vector<pollfd> fds;
+  std::vector<int> who;
+  for (int i = 0; i < size_; ++i) {
+    if (i == rank_ || i == except || !peers_[i].fd.valid() || peers_[i].said_goodbye) continue;
+    fds.push_back({peers_[i].fd.get(), POLLRDHUP, 0});
+    who.push_back(i);
+  }
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return "";
+  std::string out;
+  for (size_t k = 0; k < fds.size(); ++k) {
+    int avail = 0;
+    if ((fds[k].revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
+        ioctl(fds[k].fd, FIONREAD, &avail) == 0 && avail == 0) {
+      out += "; " + peer_name(who[k]) + " has closed its connection too (died?)";
+    }
+  }
+  return out;
 }
 
 // A peer that aborts sends an abort frame before closing, possibly behind data this
@@ -480,21 +504,36 @@ void TcpTransport::send_control(FrameKind kind, const std::string& text) {
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
   h.length = body.size();
+  // Best effort within a short, shared deadline: a peer that does not read must not
+  // delay this rank's failure report.
+  const Deadline deadline(std::chrono::milliseconds(300));
   for (int i = 0; i < size_; ++i) {
     Peer& p = peers_[i];
     if (i == rank_ || !p.fd.valid()) continue;
-    // A frame half-written would make the control frame unreadable: then only close.
-    bool mid_frame = !p.sends.empty() && p.sends.front().done > 0;
-    if (!mid_frame) {
-      iovec iov[2] = {{&h, sizeof h}, {body.data(), body.size()}};
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = 2;
-      ::sendmsg(p.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    try {
+      // A half-written frame is finished first (its buffer belongs to the operation
+      // that is failing now, so it is still valid); otherwise the peer could not find
+      // the control frame behind it and would not learn why this rank left.
+      if (!p.sends.empty() && p.sends.front().done > 0) {
+        SendEntry& e = p.sends.front();
+        size_t total = sizeof(FrameHeader) + e.header.length;
+        if (e.done < sizeof(FrameHeader)) {
+          net::write_full(p.fd.get(), reinterpret_cast<uint8_t*>(&e.header) + e.done,
+                          sizeof(FrameHeader) - e.done, deadline, "finishing a frame");
+          e.done = sizeof(FrameHeader);
+        }
+        net::write_full(p.fd.get(), e.data + (e.done - sizeof(FrameHeader)), total - e.done,
+                        deadline, "finishing a frame");
+      }
+      net::write_full(p.fd.get(), &h, sizeof h, deadline, "sending a control frame");
+      net::write_full(p.fd.get(), body.data(), body.size(), deadline, "sending a control frame");
+    } catch (const Error&) {
+      // The peer is gone or not reading: closing is all that is left.
     }
-    // Drain what the peer sent so that close() sends FIN, not RST.
-    char sink[4096];
-    while (::recv(p.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    // Drain what the peer sent (bounded) so that close() sends FIN, not RST, and the
+    // peer can still read the control frame.
+    char sink[16384];
+    for (int k = 0; k < 1024 && ::recv(p.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++k) {
     }
     ::shutdown(p.fd.get(), SHUT_WR);
     p.fd.reset();
