@@ -1,0 +1,196 @@
+// Real processes over the TCP store on loopback: the `env://` start-up
+// (MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK, WORLD_SIZE; rank 0 hosts the store)
+// and failure detection when a rank is killed.
+//
+// The worker is build/bin/chorus_test_worker (tests/comm/helpers). Every process runs in
+// its own process group, and every test kills all groups at the end and checks that
+// none is left.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "util/ranks.h"
+
+namespace chorus {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+using test::Subprocess;
+
+const std::string kWorker = std::string(CHORUS_BIN_DIR) + "/chorus_test_worker";
+
+// Failure detection deadline for a killed peer (shared/DESIGN.md: "within seconds for
+// a dead process").
+constexpr seconds kDetectionDeadline{5};
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Environment variables that would change how a worker starts; the test sets what it
+// needs and removes the rest.
+const std::vector<std::string> kUnset = {"RANK",        "WORLD_SIZE",          "LOCAL_RANK",
+                                         "LOCAL_WORLD_SIZE", "CHORUS_STORE_HOSTED",
+                                         "CHORUS_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME",
+                                         "HCCL_IF_IP"};
+
+// One `env://` job of worker processes on loopback.
+class Job {
+ public:
+  Job(int world_size, const std::vector<std::string>& args) : port_(test::pick_free_port()) {
+    for (int rank = 0; rank < world_size; ++rank) {
+      test::SpawnOptions options;
+      options.args = args;
+      options.unset_env = kUnset;
+      options.env = {{"MASTER_ADDR", "127.0.0.1"},
+                     {"MASTER_PORT", std::to_string(port_)},
+                     {"RANK", std::to_string(rank)},
+                     {"WORLD_SIZE", std::to_string(world_size)},
+                     {"CHORUS_IF_IP", "127.0.0.1"},
+                     {"CHORUS_CONNECT_TIMEOUT", "60"},
+                     {"CHORUS_TIMEOUT", "120"}};
+      procs_.push_back(std::make_unique<Subprocess>(kWorker, options));
+    }
+  }
+
+  ~Job() { kill_all(); }
+
+  Subprocess& rank(int r) { return *procs_.at(r); }
+  int size() const { return static_cast<int>(procs_.size()); }
+
+  // Kills every process group and checks that nothing of it is left.
+  void kill_all() {
+    for (auto& p : procs_) p->kill_group(SIGKILL);
+    for (size_t r = 0; r < procs_.size(); ++r) {
+      EXPECT_TRUE(procs_[r]->wait_for(seconds(30))) << "rank " << r << " did not die";
+      EXPECT_FALSE(procs_[r]->group_alive()) << "a process of rank " << r << " is left behind";
+    }
+  }
+
+  std::string outputs() {
+    std::string all;
+    for (size_t r = 0; r < procs_.size(); ++r) {
+      all += "--- rank " + std::to_string(r) + " (" + procs_[r]->status_text() + ")\n" +
+             procs_[r]->output_text();
+    }
+    return all;
+  }
+
+ private:
+  uint16_t port_;
+  std::vector<std::unique_ptr<Subprocess>> procs_;
+};
+
+TEST(ProcessTest, FourProcessesAllSucceed) {
+  Job job(4, {"allreduce-loop", "20", "100003"});
+  for (int r = 0; r < job.size(); ++r) {
+    ASSERT_TRUE(job.rank(r).wait_for(seconds(180))) << "rank " << r << " still running\n"
+                                                    << job.outputs();
+  }
+  for (int r = 0; r < job.size(); ++r) {
+    EXPECT_EQ(job.rank(r).exit_code(), 0) << "rank " << r << "\n" << job.outputs();
+    EXPECT_TRUE(contains(job.rank(r).stdout_text(), "ok")) << job.outputs();
+  }
+  job.kill_all();
+}
+
+// Runs `world_size` workers in an endless large allreduce loop, SIGKILLs `victim` once
+// all have started (plus a short random delay, so the kill lands at varying points of
+// an operation), and expects every survivor to exit with a chorus::Error within
+// kDetectionDeadline whose message names the operation, its sequence number, and the
+// dead peer's rank and host.
+void kill_one_and_expect_named_errors(int world_size, int victim) {
+  Job job(world_size, {"allreduce-loop", "0", "4000000"});
+  for (int r = 0; r < job.size(); ++r) {
+    ASSERT_TRUE(job.rank(r).wait_for_output("started", seconds(120)))
+        << "rank " << r << " did not start\n" << job.outputs();
+  }
+  std::random_device seed_source;
+  const unsigned seed = seed_source();
+  std::mt19937 rng(seed);
+  const milliseconds delay(std::uniform_int_distribution<int>(0, 300)(rng));
+  SCOPED_TRACE("kill delay " + std::to_string(delay.count()) + " ms (seed " +
+               std::to_string(seed) + ")");
+  std::this_thread::sleep_for(delay);  // where in the loop the kill lands; not a sync
+
+  job.rank(victim).kill_group(SIGKILL);
+  const auto killed_at = Clock::now();
+  const auto deadline = killed_at + kDetectionDeadline;
+  for (int r = 0; r < job.size(); ++r) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    job.rank(r).wait_for(std::max(left, milliseconds(0)));
+  }
+
+  const std::string host = test::this_hostname();
+  ASSERT_FALSE(host.empty());
+  const std::string peer = "rank " + std::to_string(victim);
+  EXPECT_EQ(job.rank(victim).term_signal(), SIGKILL) << job.outputs();
+  for (int r = 0; r < job.size(); ++r) {
+    if (r == victim) continue;
+    Subprocess& p = job.rank(r);
+    if (!p.exited()) {
+      ADD_FAILURE() << "rank " << r << " still running " << kDetectionDeadline.count()
+                    << " s after " << peer << " was killed\n" << job.outputs();
+      continue;
+    }
+    const auto detected = std::chrono::duration_cast<milliseconds>(p.exit_time() - killed_at);
+    EXPECT_LE(detected, kDetectionDeadline) << "rank " << r;
+    EXPECT_EQ(p.exit_code(), 3) << "rank " << r << " should fail with a chorus::Error\n"
+                                << job.outputs();
+    const std::string err = p.stderr_text();
+    EXPECT_TRUE(contains(err, "allreduce")) << "rank " << r << ": no operation name\n" << err;
+    EXPECT_TRUE(contains(err, "#")) << "rank " << r << ": no sequence number\n" << err;
+    EXPECT_TRUE(contains(err, peer)) << "rank " << r << ": does not name " << peer << "\n" << err;
+    EXPECT_TRUE(contains(err, host)) << "rank " << r << ": does not name the host '" << host
+                                     << "'\n" << err;
+  }
+  job.kill_all();
+}
+
+TEST(ProcessTest, KilledRankIsNamedBySurvivors) { kill_one_and_expect_named_errors(4, 2); }
+
+// Rank 0 hosts the store: its death must still surface as a communication error naming
+// rank 0 within the deadline, not as a store timeout later.
+TEST(ProcessTest, KilledStoreHostIsNamedBySurvivors) { kill_one_and_expect_named_errors(3, 0); }
+
+void expect_env_error(const std::map<std::string, std::string>& env,
+                      const std::vector<std::string>& unset) {
+  test::SpawnOptions options;
+  options.args = {"allreduce-loop", "1", "1"};
+  options.unset_env = kUnset;
+  options.unset_env.insert(options.unset_env.end(), unset.begin(), unset.end());
+  options.env = env;
+  options.env["MASTER_ADDR"] = "127.0.0.1";
+  options.env["MASTER_PORT"] = std::to_string(test::pick_free_port());
+  options.env["CHORUS_CONNECT_TIMEOUT"] = "10";
+  Subprocess p(kWorker, options);
+  ASSERT_TRUE(p.wait_for(seconds(30))) << p.output_text();
+  EXPECT_EQ(p.exit_code(), 3) << p.status_text() << "\n" << p.output_text();
+  const std::string err = p.stderr_text();
+  EXPECT_TRUE(contains(err, "RANK")) << err;
+  EXPECT_TRUE(contains(err, "WORLD_SIZE")) << err;
+  p.kill_group(SIGKILL);
+  p.wait_for(seconds(10));
+  EXPECT_FALSE(p.group_alive());
+}
+
+TEST(ProcessTest, RankWithoutWorldSizeFailsNamingBoth) {
+  expect_env_error({{"RANK", "1"}}, {});
+}
+
+TEST(ProcessTest, WorldSizeWithoutRankFailsNamingBoth) {
+  expect_env_error({{"WORLD_SIZE", "2"}}, {});
+}
+
+}  // namespace
+}  // namespace chorus
