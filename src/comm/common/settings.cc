@@ -131,6 +131,11 @@ bool store_hosted() {
   return v && *v != "0";
 }
 
+int restart_count() {
+  auto v = get_env("CHORUS_RESTART_COUNT");
+  return v ? static_cast<int>(parse_int("CHORUS_RESTART_COUNT", *v, 0, 1 << 30)) : 0;
+}
+
 int log_level() {
   auto v = get_env("CHORUS_LOG_LEVEL");
   if (!v) return 1;

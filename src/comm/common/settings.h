@@ -32,6 +32,9 @@ int rank();
 int world_size();
 // CHORUS_STORE_HOSTED=1: a launcher hosts the store, rank 0 must not start one.
 bool store_hosted();
+// CHORUS_RESTART_COUNT: how often a launcher restarted the job (0 when unset). A
+// restarted job keeps its store, so communicators of each attempt use their own keys.
+int restart_count();
 // CHORUS_LOG_LEVEL: error | warn | info | debug, default warn.
 int log_level();
 

@@ -270,6 +270,13 @@ std::shared_ptr<Communicator> Communicator::from_env(CommOptions options) {
   int size = settings::world_size();
   int rank = settings::rank();
   std::shared_ptr<Store> store = store_from_env(rank);
+  // A launcher that restarts the job keeps its store: each attempt meets under its own
+  // prefix, so no rank reads an address a dead attempt published.
+  int attempt = settings::restart_count();
+  if (attempt > 0) {
+    store = std::make_shared<PrefixStore>("attempt" + std::to_string(attempt), store);
+    store->set_timeout(settings::connect_timeout());
+  }
   return create(std::move(store), rank, size, std::move(options));
 }
 

@@ -8,6 +8,8 @@
 //
 // Exit codes: 0 success; 2 bad command line; 3 chorus::Error (its what() on stderr);
 // 4 any other exception; 5 a wrong result.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -30,7 +32,15 @@ float expected(int size, size_t i, long iter) {
 int allreduce_loop(long iters, size_t count) {
   auto comm = chorus::Communicator::from_env();
   const int rank = comm->rank(), size = comm->size();
-  std::fprintf(stderr, "worker: rank %d of %d connected\n", rank, size);
+  const char* restart = std::getenv("CHORUS_RESTART_COUNT");
+  std::fprintf(stderr, "worker: rank %d of %d connected (pid %d, restart count %s)\n", rank, size,
+               static_cast<int>(getpid()), restart ? restart : "unset");
+  // fail-once: the rank named by CHORUS_TEST_FAIL_RANK exits 3 in the first attempt.
+  const char* fail_rank = std::getenv("CHORUS_TEST_FAIL_RANK");
+  if (fail_rank && std::atoi(fail_rank) == rank && (!restart || std::atoi(restart) == 0)) {
+    std::fprintf(stderr, "worker: rank %d fails on purpose\n", rank);
+    return 3;
+  }
   std::vector<float> buf(count);
   for (long iter = 0; iters == 0 || iter < iters; ++iter) {
     for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i, iter);

@@ -1,0 +1,30 @@
+// chorusrun: starts and supervises the workers of a chorus job (torchrun's role).
+// See src/run/options.h for the command line and src/run/supervisor.h for what it does.
+#include <sys/prctl.h>
+
+#include <iostream>
+#include <thread>
+
+#include "run/options.h"
+#include "run/supervisor.h"
+
+int main(int argc, char** argv) {
+  using namespace chorus::run;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  LaunchOptions options;
+  try {
+    options = parse_options(args, current_environment(),
+                            static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  } catch (const HelpRequested&) {
+    std::cout << usage_text();
+    return 0;
+  } catch (const UsageError& e) {
+    std::cerr << "chorusrun: " << e.what() << "\n";
+    return 2;
+  }
+  // Orphaned grandchildren of workers are re-parented to chorusrun, not to init (which
+  // does not reap them on every machine): then the process groups of a stopped job
+  // really empty out, and none of its processes outlives chorusrun.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  return run_job(options);
+}

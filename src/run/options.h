@@ -1,0 +1,74 @@
+// chorusrun's command line: torchrun's options, spelled with dashes or underscores,
+// each also settable through CHORUS_RUN_<OPTION> (e.g. CHORUS_RUN_NPROC_PER_NODE=2).
+// Precedence: command line, then CHORUS_RUN_*, then the cluster's environment
+// (Slurm, Open MPI; see cluster_env.h), then the defaults below.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace chorus::run {
+
+// A bad command line or option value. chorusrun prints what() and exits with code 2.
+// The message always names the option (e.g. "--node-rank 2: must be less than
+// --nnodes (2)").
+class UsageError : public std::runtime_error {
+ public:
+  explicit UsageError(const std::string& m) : std::runtime_error(m) {}
+};
+
+// -h or --help before the program: chorusrun prints usage_text() and exits with code 0.
+class HelpRequested : public std::exception {
+ public:
+  const char* what() const noexcept override { return "help requested"; }
+};
+
+// Which worker streams an output option applies to: torchrun's 0 (none), 1 (stdout),
+// 2 (stderr), 3 (both).
+enum class Streams : uint8_t { kNone = 0, kStdout = 1, kStderr = 2, kBoth = 3 };
+
+struct LaunchOptions {
+  int nproc_per_node = 1;          // --nproc-per-node N|auto (auto: number of CPUs)
+  int nnodes = 1;                  // --nnodes
+  int node_rank = 0;               // --node-rank
+  std::string master_addr = "127.0.0.1";  // --master-addr
+  uint16_t master_port = 29500;    // --master-port (0 only with --standalone: picked)
+  bool standalone = false;         // --standalone: one node, a free port on 127.0.0.1
+  int max_restarts = 0;            // --max-restarts
+  std::chrono::milliseconds monitor_interval{100};  // --monitor-interval SECONDS (float)
+  std::string rdzv_id = "none";    // --rdzv-id: job id, also the job token
+  std::string log_dir;             // --log-dir: per-rank log files below it
+  Streams tee = Streams::kNone;    // --tee: prefix these console lines with the rank
+  Streams redirects = Streams::kNone;  // --redirects: these streams go only to log files
+  std::string local_addr;          // --local-addr: address this node listens on
+                                   // (workers get CHORUS_IF_IP); empty: chosen by route
+  std::chrono::milliseconds grace_period{5000};  // --grace-period SECONDS: SIGTERM..SIGKILL
+  std::string program;             // PROGRAM
+  std::vector<std::string> program_args;  // ARGS...
+  // Where each value came from, for messages: "--nnodes", "CHORUS_RUN_NNODES",
+  // "SLURM_NNODES", "--standalone", "default". Keyed by member name ("nproc_per_node",
+  // "master_port", ...); holds every option member (not program/program_args).
+  std::map<std::string, std::string> source;
+};
+
+// The process environment as a map (tests pass their own).
+using Environment = std::map<std::string, std::string>;
+Environment current_environment();
+
+// Parses `args` (argv[1..]); everything from the first argument that is not an option
+// (or after "--") is the program and its arguments. Throws UsageError, or
+// HelpRequested for -h/--help. `cpus` is what --nproc-per-node auto resolves to.
+// Empty CHORUS_RUN_* variables count as unset. With --standalone the cluster's
+// environment is not read.
+LaunchOptions parse_options(const std::vector<std::string>& args, const Environment& env,
+                            int cpus);
+
+// chorusrun --help text.
+std::string usage_text();
+
+}  // namespace chorus::run

@@ -1,0 +1,111 @@
+#include "run/rendezvous.h"
+
+#include <thread>
+
+#include "chorus/error.h"
+#include "comm/common/deadline.h"
+#include "comm/common/socket.h"
+
+namespace chorus::run {
+
+namespace {
+constexpr std::chrono::milliseconds kSlice{100};
+}
+
+LauncherRendezvous::LauncherRendezvous(const LaunchOptions& options,
+                                       std::chrono::milliseconds connect_timeout)
+    : options_(options), connect_timeout_(connect_timeout) {
+  if (options.node_rank == 0) {
+    server_ = std::make_unique<TcpStoreServer>(options.master_addr, options.master_port);
+  }
+  auto tcp = std::make_shared<TcpStore>(options.master_addr, options.master_port, connect_timeout);
+  store_ = std::make_shared<PrefixStore>("chorusrun/" + options.rdzv_id, tcp);
+  store_->set_timeout(connect_timeout);
+}
+
+LauncherRendezvous::~LauncherRendezvous() = default;
+
+std::vector<std::string> LauncherRendezvous::node_keys(const std::string& prefix) const {
+  std::vector<std::string> keys;
+  for (int k = 0; k < options_.nnodes; ++k) keys.push_back(prefix + std::to_string(k));
+  return keys;
+}
+
+bool LauncherRendezvous::wait_all(const std::string& what, const std::vector<std::string>& keys,
+                                  const std::function<bool()>& interrupted) {
+  Deadline deadline(connect_timeout_);
+  while (!store_->check(keys)) {
+    if (interrupted && interrupted()) return false;
+    if (deadline.expired()) {
+      std::string missing;
+      for (size_t k = 0; k < keys.size(); ++k) {
+        if (!store_->check({keys[k]})) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      }
+      throw TimeoutError(what + ": node(s) " + missing + " of " + std::to_string(keys.size()) +
+                         " never arrived within " +
+                         std::to_string(connect_timeout_.count() / 1000.0) +
+                         " s (CHORUS_CONNECT_TIMEOUT); store at " + options_.master_addr + ":" +
+                         std::to_string(options_.master_port));
+    }
+    try {
+      store_->wait(keys, std::min(kSlice, deadline.remaining()));
+    } catch (const TimeoutError&) {
+    }
+  }
+  return true;
+}
+
+bool LauncherRendezvous::join(const std::function<bool()>& interrupted) {
+  store_->set("node/" + std::to_string(options_.node_rank), net::hostname());
+  auto keys = node_keys("node/");
+  if (!wait_all("waiting for the launchers of all nodes", keys, interrupted)) return false;
+  hosts_.clear();
+  for (const auto& k : keys) hosts_.push_back(store_->get_string(k));
+  return true;
+}
+
+bool LauncherRendezvous::ready(int round, const std::function<bool()>& interrupted) {
+  std::string prefix = "round/" + std::to_string(round) + "/ready/";
+  store_->set(prefix + std::to_string(options_.node_rank), "1");
+  return wait_all("starting attempt " + std::to_string(round), node_keys(prefix), interrupted);
+}
+
+std::string LauncherRendezvous::report_failure(int round, const std::string& failure) {
+  std::string key = "round/" + std::to_string(round) + "/failure";
+  Bytes stands = store_->compare_set(key, Bytes(), Bytes(failure.begin(), failure.end()));
+  return std::string(stands.begin(), stands.end());
+}
+
+std::optional<std::string> LauncherRendezvous::failure(int round) {
+  std::string key = "round/" + std::to_string(round) + "/failure";
+  if (!store_->check({key})) return std::nullopt;
+  return store_->get_string(key);
+}
+
+void LauncherRendezvous::report_done(int round) {
+  store_->set("round/" + std::to_string(round) + "/done/" + std::to_string(options_.node_rank),
+              "1");
+}
+
+bool LauncherRendezvous::all_done(int round) {
+  return store_->check(node_keys("round/" + std::to_string(round) + "/done/"));
+}
+
+void LauncherRendezvous::leave(std::chrono::milliseconds linger) {
+  try {
+    store_->set("left/" + std::to_string(options_.node_rank), "1");
+    if (options_.node_rank != 0) return;
+    Deadline deadline(linger);
+    auto keys = node_keys("left/");
+    while (!deadline.expired() && !store_->check(keys)) {
+      try {
+        store_->wait(keys, std::min(kSlice, deadline.remaining()));
+      } catch (const TimeoutError&) {
+      }
+    }
+  } catch (const Error&) {
+    // Leaving is best effort: the job's result is already decided.
+  }
+}
+
+}  // namespace chorus::run

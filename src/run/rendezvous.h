@@ -1,0 +1,68 @@
+// The launchers of one job meet in a store that the launcher of node 0 hosts (the
+// workers use the same store). Keys live under "chorusrun/<rdzv id>/".
+//
+//   node/<k>                    host of node k's launcher (join)
+//   round/<r>/ready/<k>         node k is ready to start attempt r
+//   round/<r>/failure           the first failure of attempt r (first writer wins), JSON
+//   round/<r>/done/<k>          every worker of node k exited 0 in attempt r
+//   left/<k>                    node k's launcher is about to exit (node 0 waits for
+//                               these before taking the store down)
+//
+// Every wait is sliced so that the caller's `interrupted` callback is asked at least
+// every 100 ms (signals), and each has a deadline. Errors: TimeoutError naming the
+// nodes that never came; StoreError when node 0's store is gone.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chorus/store.h"
+#include "run/options.h"
+
+namespace chorus::run {
+
+class LauncherRendezvous {
+ public:
+  // Node 0 starts the store server on master_addr:master_port (throws SystemError
+  // naming address:port when that fails); every node connects to it.
+  LauncherRendezvous(const LaunchOptions& options, std::chrono::milliseconds connect_timeout);
+  ~LauncherRendezvous();
+
+  // Registers this node and waits until all nodes have. `interrupted` returning true
+  // stops the wait (returns false).
+  bool join(const std::function<bool()>& interrupted);
+  const std::vector<std::string>& node_hosts() const { return hosts_; }
+
+  // Barrier before attempt `round`.
+  bool ready(int round, const std::function<bool()>& interrupted);
+
+  // Publishes `failure` (JSON text) as the first failure of `round` unless another node
+  // was first. Returns the one that stands.
+  std::string report_failure(int round, const std::string& failure);
+  // The failure of `round`, if any node reported one. Never waits.
+  std::optional<std::string> failure(int round);
+
+  void report_done(int round);
+  bool all_done(int round);
+
+  // Says this node is leaving; on node 0 also waits (up to `linger`) for the others, so
+  // that they can still read the store.
+  void leave(std::chrono::milliseconds linger);
+
+ private:
+  bool wait_all(const std::string& what, const std::vector<std::string>& keys,
+                const std::function<bool()>& interrupted);
+  std::vector<std::string> node_keys(const std::string& prefix) const;
+
+  const LaunchOptions& options_;
+  std::chrono::milliseconds connect_timeout_;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::shared_ptr<Store> store_;
+  std::vector<std::string> hosts_;
+};
+
+}  // namespace chorus::run

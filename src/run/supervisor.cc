@@ -1,0 +1,257 @@
+#include "run/supervisor.h"
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "chorus/error.h"
+#include "comm/common/deadline.h"
+#include "comm/common/settings.h"
+#include "comm/common/socket.h"
+#include "run/rendezvous.h"
+#include "run/workers.h"
+
+namespace chorus::run {
+namespace {
+
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+
+// SIGINT, SIGTERM and SIGHUP arrive on a signalfd, so the main loop sees them between
+// two polls instead of in a handler. Blocked signals are reset in the workers.
+class Signals {
+ public:
+  Signals() {
+    sigemptyset(&set_);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set_, s);
+    sigprocmask(SIG_BLOCK, &set_, &old_);
+    fd_ = signalfd(-1, &set_, SFD_NONBLOCK | SFD_CLOEXEC);
+  }
+  ~Signals() {
+    if (fd_ >= 0) close(fd_);
+    sigprocmask(SIG_SETMASK, &old_, nullptr);
+  }
+  int fd() const { return fd_; }
+  // The next pending signal, 0 when none.
+  int take() {
+    signalfd_siginfo info;
+    if (read(fd_, &info, sizeof info) == sizeof info) return static_cast<int>(info.ssi_signo);
+    return 0;
+  }
+
+ private:
+  sigset_t set_, old_;
+  int fd_ = -1;
+};
+
+std::string format_time(std::chrono::system_clock::time_point t) {
+  std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm;
+  localtime_r(&tt, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+json worker_failure(const WorkerExit& e, int node) {
+  return json{{"kind", "worker"},        {"rank", e.rank},
+              {"node", node},            {"local_rank", e.local_rank},
+              {"pid", e.pid},            {"host", net::hostname()},
+              {"how", e.describe()},     {"status", e.status_code()},
+              {"time", format_time(e.when)}, {"last_lines", e.last_lines}};
+}
+
+json launcher_stop(int node, int signal) {
+  return json{{"kind", "signal"},
+              {"node", node},
+              {"host", net::hostname()},
+              {"how", signal_name(signal)},
+              {"status", 128 + signal},
+              {"time", format_time(std::chrono::system_clock::now())}};
+}
+
+void print_summary(const json& f) {
+  std::ostringstream out;
+  if (f["kind"] == "worker") {
+    out << "chorusrun: job failed: rank " << f["rank"].get<int>() << " (node "
+        << f["node"].get<int>() << " on host " << f["host"].get<std::string>()
+        << ", local rank " << f["local_rank"].get<int>() << ", pid " << f["pid"].get<int>()
+        << ") ended with " << f["how"].get<std::string>() << " at "
+        << f["time"].get<std::string>() << "\n";
+    const auto& lines = f["last_lines"];
+    if (lines.empty()) {
+      out << "chorusrun: rank " << f["rank"].get<int>() << " printed nothing\n";
+    } else {
+      out << "chorusrun: last output of rank " << f["rank"].get<int>() << ":\n";
+      for (const auto& l : lines) out << "  | " << l.get<std::string>() << "\n";
+    }
+  } else {
+    out << "chorusrun: job stopped: the launcher of node " << f["node"].get<int>() << " (host "
+        << f["host"].get<std::string>() << ") received " << f["how"].get<std::string>()
+        << " at " << f["time"].get<std::string>() << "\n";
+  }
+  std::cerr << out.str() << std::flush;
+}
+
+// The complete environment of one worker.
+std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_rank, int round,
+                                              const Environment& base, int cpus) {
+  std::map<std::string, std::string> env(base.begin(), base.end());
+  int rank = o.node_rank * o.nproc_per_node + local_rank;
+  env["RANK"] = std::to_string(rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(o.nnodes * o.nproc_per_node);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
+  env["GROUP_RANK"] = std::to_string(o.node_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(o.nnodes);
+  env["MASTER_ADDR"] = o.master_addr;
+  env["MASTER_PORT"] = std::to_string(o.master_port);
+  env["CHORUS_RESTART_COUNT"] = std::to_string(round);
+  env["CHORUS_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  env["CHORUS_RUN_ID"] = o.rdzv_id;
+  env["CHORUS_STORE_HOSTED"] = "1";
+  // The job id is the job token unless the user set one.
+  if (env.find("CHORUS_JOB_TOKEN") == env.end()) env["CHORUS_JOB_TOKEN"] = o.rdzv_id;
+  if (env.find("OMP_NUM_THREADS") == env.end()) {
+    env["OMP_NUM_THREADS"] = std::to_string(std::max(1, cpus / o.nproc_per_node));
+  }
+  if (!o.local_addr.empty()) env["CHORUS_IF_IP"] = o.local_addr;
+  return env;
+}
+
+// One attempt of the job on this node.
+class Attempt {
+ public:
+  Attempt(const LaunchOptions& o, LauncherRendezvous& rdzv, Signals& signals, int round)
+      : o_(o), rdzv_(rdzv), signals_(signals), round_(round),
+        group_(OutputOptions{o.tee, o.redirects, o.log_dir, 20}) {}
+
+  // Runs until the attempt succeeded on every node (returns null) or failed somewhere
+  // (returns the failure that stands).
+  std::optional<json> run(const std::vector<WorkerSpec>& specs);
+
+ private:
+  void handle_signal(int sig);
+  std::optional<json> stop_for(const std::string& failure_text);
+
+  const LaunchOptions& o_;
+  LauncherRendezvous& rdzv_;
+  Signals& signals_;
+  int round_;
+  WorkerGroup group_;
+  int interrupts_ = 0;
+};
+
+std::optional<json> Attempt::stop_for(const std::string& failure_text) {
+  group_.terminate(o_.grace_period);
+  return json::parse(failure_text);
+}
+
+std::optional<json> Attempt::run(const std::vector<WorkerSpec>& specs) {
+  group_.start(specs);
+  bool done_reported = false;
+  while (true) {
+    std::vector<WorkerExit> exits = group_.poll(o_.monitor_interval, signals_.fd());
+    for (const WorkerExit& e : exits) {
+      if (!e.failed()) continue;
+      std::string stands = rdzv_.report_failure(round_, worker_failure(e, o_.node_rank).dump());
+      return stop_for(stands);
+    }
+    if (int sig = signals_.take()) {
+      std::string stands = rdzv_.report_failure(round_, launcher_stop(o_.node_rank, sig).dump());
+      // Forward the signal; a second SIGINT (or any signal after it) kills at once.
+      group_.signal_all(sig);
+      if (++interrupts_ > 1 || sig != SIGINT) {
+        group_.terminate(sig == SIGINT ? milliseconds(0) : o_.grace_period);
+      } else {
+        Deadline deadline(o_.grace_period);
+        while (group_.running() > 0 && !deadline.expired()) {
+          group_.poll(std::min(o_.monitor_interval, deadline.remaining()), signals_.fd());
+          if (signals_.take() != 0) break;  // second signal: no more grace
+        }
+        group_.terminate(milliseconds(0));
+      }
+      return json::parse(stands);
+    }
+    if (auto remote = rdzv_.failure(round_)) return stop_for(*remote);
+    if (group_.running() == 0) {
+      if (!done_reported) {
+        rdzv_.report_done(round_);
+        done_reported = true;
+      }
+      if (rdzv_.all_done(round_)) return std::nullopt;
+    }
+  }
+}
+
+}  // namespace
+
+int run_job(const LaunchOptions& options_in) {
+  LaunchOptions o = options_in;
+  const int cpus = std::max(1u, std::thread::hardware_concurrency());
+  Signals signals;
+  bool stop_requested = false;
+  int stop_signal = 0;
+  auto interrupted = [&] {
+    if (int s = signals.take()) {
+      stop_requested = true;
+      stop_signal = s;
+    }
+    return stop_requested;
+  };
+  try {
+    if (o.standalone) {
+      o.master_addr = "127.0.0.1";
+      if (o.master_port == 0 || o.source["master_port"] == "default") {
+        net::Fd probe = net::listen_on("127.0.0.1", 0);
+        o.master_port = net::local_address(probe.get()).port();
+      }
+    }
+    LauncherRendezvous rdzv(o, settings::connect_timeout());
+    if (!rdzv.join(interrupted)) return 128 + stop_signal;
+    const Environment base = current_environment();
+    for (int round = 0;; ++round) {
+      if (!rdzv.ready(round, interrupted)) return 128 + stop_signal;
+      std::vector<WorkerSpec> specs;
+      for (int l = 0; l < o.nproc_per_node; ++l) {
+        WorkerSpec s;
+        s.rank = o.node_rank * o.nproc_per_node + l;
+        s.local_rank = l;
+        s.argv.push_back(o.program);
+        s.argv.insert(s.argv.end(), o.program_args.begin(), o.program_args.end());
+        s.env = worker_env(o, l, round, base, cpus);
+        specs.push_back(std::move(s));
+      }
+      Attempt attempt(o, rdzv, signals, round);
+      std::optional<json> failure = attempt.run(specs);
+      if (!failure) {
+        rdzv.leave(settings::connect_timeout());
+        return 0;
+      }
+      bool worker_failed = (*failure)["kind"] == "worker";
+      if (worker_failed && round < o.max_restarts) {
+        std::cerr << "chorusrun: attempt " << round << " failed (rank "
+                  << (*failure)["rank"].get<int>() << ": " << (*failure)["how"].get<std::string>()
+                  << "); restarting all nodes (" << round + 1 << " of " << o.max_restarts
+                  << " restarts)" << std::endl;
+        continue;
+      }
+      print_summary(*failure);
+      rdzv.leave(std::chrono::seconds(10));
+      return (*failure)["status"].get<int>();
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "chorusrun (node " << o.node_rank << "): " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace chorus::run

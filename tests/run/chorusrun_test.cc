@@ -1,0 +1,233 @@
+// chorusrun end to end: real launchers, real workers (chorus_test_worker), simulated
+// nodes on distinct loopback addresses (127.0.0.2, 127.0.0.3).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/common/socket.h"
+#include "util/ranks.h"
+
+namespace chorus {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using test::Subprocess;
+
+const std::string kRun = std::string(CHORUS_BIN_DIR) + "/chorusrun";
+const std::string kWorker = std::string(CHORUS_BIN_DIR) + "/chorus_test_worker";
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+// Variables of the test's own environment that would change what the launcher does.
+const std::vector<std::string> kUnset = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "CHORUS_STORE_HOSTED", "CHORUS_JOB_TOKEN",
+    "CHORUS_RUN_NPROC_PER_NODE", "CHORUS_RUN_NNODES", "CHORUS_RUN_NODE_RANK"};
+
+std::unique_ptr<Subprocess> launcher(const std::vector<std::string>& args,
+                                     std::map<std::string, std::string> env = {}) {
+  test::SpawnOptions o;
+  o.args = args;
+  o.unset_env = kUnset;
+  env.emplace("CHORUS_CONNECT_TIMEOUT", "30");
+  env.emplace("CHORUS_TIMEOUT", "60");
+  o.env = env;
+  return std::make_unique<Subprocess>(kRun, o);
+}
+
+// Launcher arguments for node `node` of a 2-node job with `nproc` workers each.
+std::vector<std::string> node_args(int node, uint16_t port, int nproc,
+                                   const std::vector<std::string>& extra,
+                                   const std::vector<std::string>& program) {
+  std::vector<std::string> a = {"--nnodes", "2", "--node-rank", std::to_string(node),
+                                "--nproc-per-node", std::to_string(nproc), "--master-addr",
+                                "127.0.0.2", "--master-port", std::to_string(port),
+                                "--local-addr", node == 0 ? "127.0.0.2" : "127.0.0.3",
+                                "--rdzv-id", "job-" + std::to_string(port)};
+  a.insert(a.end(), extra.begin(), extra.end());
+  a.push_back(kWorker);
+  a.insert(a.end(), program.begin(), program.end());
+  return a;
+}
+
+// Worker pids by rank, from the workers' "rank R of N connected (pid P" lines.
+std::map<int, pid_t> pids_by_rank(const std::string& output) {
+  std::map<int, pid_t> pids;
+  std::regex re("rank ([0-9]+) of [0-9]+ connected \\(pid ([0-9]+)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    pids[std::stoi((*it)[1])] = static_cast<pid_t>(std::stoi((*it)[2]));
+  }
+  return pids;
+}
+
+std::vector<pid_t> worker_pids(const std::string& output) {
+  std::vector<pid_t> pids;
+  for (auto [rank, pid] : pids_by_rank(output)) pids.push_back(pid);
+  return pids;
+}
+
+bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+
+// Waits until every pid is gone (true) or the deadline passes (false).
+bool all_gone(const std::vector<pid_t>& pids, std::chrono::milliseconds within) {
+  auto deadline = Clock::now() + within;
+  while (Clock::now() < deadline) {
+    bool any = false;
+    for (pid_t p : pids) any |= alive(p);
+    if (!any) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+size_t count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST(Chorusrun, OneNodeTwoWorkers) {
+  uint16_t port = test::pick_free_port();
+  auto run = launcher({"--nproc-per-node", "2", "--master-port", std::to_string(port), "--tee",
+                       "3", kWorker, "allreduce-loop", "5", "1000"});
+  ASSERT_TRUE(run->wait_for(120s)) << run->output_text();
+  EXPECT_EQ(run->exit_code(), 0) << run->output_text();
+  std::string out = run->output_text();
+  EXPECT_TRUE(contains(out, "[rank 0]: ok")) << out;
+  EXPECT_TRUE(contains(out, "[rank 1]: ok")) << out;
+}
+
+TEST(Chorusrun, StandalonePicksAFreePort) {
+  auto run = launcher({"--standalone", "--nproc_per_node=3", kWorker, "allreduce-loop", "3", "77"});
+  ASSERT_TRUE(run->wait_for(120s)) << run->output_text();
+  EXPECT_EQ(run->exit_code(), 0) << run->output_text();
+  EXPECT_EQ(count(run->stdout_text(), "ok"), 3u) << run->output_text();
+}
+
+TEST(Chorusrun, TwoNodesTwoWorkersEach) {
+  uint16_t port = test::pick_free_port();
+  auto start = Clock::now();
+  auto n0 = launcher(node_args(0, port, 2, {}, {"allreduce-loop", "10", "100003"}));
+  auto n1 = launcher(node_args(1, port, 2, {}, {"allreduce-loop", "10", "100003"}));
+  ASSERT_TRUE(n0->wait_for_output("rank 3 of 4 connected", 60s) ||
+              n1->wait_for_output("rank 3 of 4 connected", 60s))
+      << n0->output_text() << n1->output_text();
+  auto connected = Clock::now();
+  ASSERT_TRUE(n0->wait_for(120s)) << n0->output_text();
+  ASSERT_TRUE(n1->wait_for(120s)) << n1->output_text();
+  EXPECT_EQ(n0->exit_code(), 0) << n0->output_text();
+  EXPECT_EQ(n1->exit_code(), 0) << n1->output_text();
+  EXPECT_EQ(count(n0->stdout_text() + n1->stdout_text(), "ok"), 4u);
+  // Ranks 0,1 on node 0 (127.0.0.2) and 2,3 on node 1.
+  EXPECT_TRUE(contains(n0->stderr_text(), "rank 0 of 4 connected"));
+  EXPECT_TRUE(contains(n1->stderr_text(), "rank 3 of 4 connected"));
+  std::printf("[ timing ] chorusrun start to the last worker connected (2 nodes x 2): %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(connected - start).count()));
+}
+
+TEST(Chorusrun, KilledWorkerStopsBothNodes) {
+  uint16_t port = test::pick_free_port();
+  auto n0 = launcher(node_args(0, port, 2, {}, {"allreduce-loop", "0", "200000"}));
+  auto n1 = launcher(node_args(1, port, 2, {}, {"allreduce-loop", "0", "200000"}));
+  ASSERT_TRUE(n0->wait_for_output("started", 60s)) << n0->output_text();
+  ASSERT_TRUE(n1->wait_for_output("started", 60s)) << n1->output_text();
+  std::map<int, pid_t> pids = pids_by_rank(n0->stderr_text() + n1->stderr_text());
+  ASSERT_EQ(pids.size(), 4u) << n0->output_text() << n1->output_text();
+  std::vector<pid_t> all = worker_pids(n0->stderr_text() + n1->stderr_text());
+
+  ASSERT_EQ(kill(pids[3], SIGKILL), 0);  // rank 3, on node 1
+  auto killed = Clock::now();
+  ASSERT_TRUE(n0->wait_for(10s)) << "node 0 still running 10 s after the kill\n" << n0->output_text();
+  ASSERT_TRUE(n1->wait_for(10s)) << "node 1 still running 10 s after the kill\n" << n1->output_text();
+  auto took = std::max(n0->exit_time(), n1->exit_time()) - killed;
+  std::printf("[ timing ] SIGKILL of a worker to the exit of both launchers: %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+  for (Subprocess* n : {n0.get(), n1.get()}) {
+    EXPECT_EQ(n->exit_code(), 128 + SIGKILL) << n->output_text();
+    std::string err = n->stderr_text();
+    EXPECT_TRUE(contains(err, "job failed: rank 3 (node 1")) << err;
+    EXPECT_TRUE(contains(err, "SIGKILL")) << err;
+    EXPECT_TRUE(contains(err, "pid " + std::to_string(pids[3]))) << err;
+    EXPECT_TRUE(contains(err, "last output of rank 3")) << err;
+  }
+  EXPECT_TRUE(all_gone(all, 5s)) << "a worker outlived its launcher";
+}
+
+TEST(Chorusrun, RestartAfterAFailureKeepsRanks) {
+  uint16_t port = test::pick_free_port();
+  std::map<std::string, std::string> env = {{"CHORUS_TEST_FAIL_RANK", "1"}};
+  auto n0 = launcher(node_args(0, port, 2, {"--max-restarts", "2"}, {"allreduce-loop", "3", "1000"}), env);
+  auto n1 = launcher(node_args(1, port, 2, {"--max-restarts", "2"}, {"allreduce-loop", "3", "1000"}), env);
+  ASSERT_TRUE(n0->wait_for(120s)) << n0->output_text();
+  ASSERT_TRUE(n1->wait_for(120s)) << n1->output_text();
+  EXPECT_EQ(n0->exit_code(), 0) << n0->output_text();
+  EXPECT_EQ(n1->exit_code(), 0) << n1->output_text();
+  std::string all = n0->output_text() + n1->output_text();
+  // Every rank connected once with restart count 0 and once with 1, on the same node.
+  for (int r = 0; r < 4; ++r) {
+    std::string prefix = "rank " + std::to_string(r) + " of 4 connected (pid ";
+    const std::string& mine = r < 2 ? n0->stderr_text() : n1->stderr_text();
+    EXPECT_EQ(count(mine, prefix), 2u) << all;
+  }
+  EXPECT_TRUE(contains(all, "restart count 0")) << all;
+  EXPECT_TRUE(contains(all, "restart count 1")) << all;
+  EXPECT_FALSE(contains(all, "restart count 2")) << all;
+  EXPECT_EQ(count(n0->stdout_text() + n1->stdout_text(), "ok"), 4u) << all;
+  EXPECT_TRUE(contains(all, "restarting all nodes (1 of 2 restarts)")) << all;
+}
+
+TEST(Chorusrun, SigtermToALauncherStopsItsWorkers) {
+  uint16_t port = test::pick_free_port();
+  auto run = launcher({"--nproc-per-node", "2", "--master-port", std::to_string(port),
+                       "--grace-period", "3", kWorker, "allreduce-loop", "0", "1000"});
+  ASSERT_TRUE(run->wait_for_output("started", 60s)) << run->output_text();
+  std::vector<pid_t> pids = worker_pids(run->stderr_text());
+  ASSERT_EQ(pids.size(), 2u) << run->output_text();
+  ASSERT_EQ(kill(run->pid(), SIGTERM), 0);
+  EXPECT_TRUE(all_gone(pids, 3500ms)) << "workers outlived the grace period\n" << run->output_text();
+  ASSERT_TRUE(run->wait_for(10s)) << run->output_text();
+  EXPECT_EQ(run->exit_code(), 128 + SIGTERM) << run->output_text();
+  EXPECT_TRUE(contains(run->stderr_text(), "received SIGTERM")) << run->output_text();
+}
+
+TEST(Chorusrun, PortInUseIsNamed) {
+  net::Fd taken = net::listen_on("127.0.0.1", 0);
+  uint16_t port = net::local_address(taken.get()).port();
+  auto run = launcher({"--nproc-per-node", "1", "--master-port", std::to_string(port), kWorker,
+                       "allreduce-loop", "1", "1"});
+  ASSERT_TRUE(run->wait_for(30s)) << run->output_text();
+  EXPECT_NE(run->exit_code(), 0);
+  std::string err = run->stderr_text();
+  EXPECT_TRUE(contains(err, "address already in use")) << err;
+  EXPECT_TRUE(contains(err, "127.0.0.1:" + std::to_string(port))) << err;
+}
+
+TEST(Chorusrun, BadOptionsExitTwoNamingTheOption) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string names;
+  };
+  for (const Case& c : std::vector<Case>{{{"--nproc-per-node", "0", kWorker}, "--nproc-per-node"},
+                                         {{"--nnodes", "2", "--node-rank", "2", kWorker}, "--node-rank"},
+                                         {{"--master-port", "70000", kWorker}, "--master-port"},
+                                         {{"--nproc-per-node", "2"}, "program"}}) {
+    auto run = launcher(c.args);
+    ASSERT_TRUE(run->wait_for(10s));
+    EXPECT_EQ(run->exit_code(), 2) << run->output_text();
+    EXPECT_TRUE(contains(run->stderr_text(), c.names)) << run->stderr_text();
+  }
+}
+
+}  // namespace
+}  // namespace chorus

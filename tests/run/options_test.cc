@@ -1,0 +1,432 @@
+#include "run/options.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <functional>
+
+namespace chorus::run {
+namespace {
+
+using Args = std::vector<std::string>;
+using std::chrono::milliseconds;
+
+LaunchOptions parse(const Args& args, const Environment& env = {}, int cpus = 4) {
+  return parse_options(args, env, cpus);
+}
+
+std::string joined(const Args& args) {
+  std::string text;
+  for (const std::string& arg : args) text += " '" + arg + "'";
+  return text;
+}
+
+// The message of the UsageError that parsing must throw.
+std::string usage_error(const Args& args, const Environment& env = {}) {
+  try {
+    parse(args, env);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no UsageError for" << joined(args);
+  return "";
+}
+
+const Environment kSlurm = {{"SLURM_JOB_ID", "4711"},
+                            {"SLURM_NNODES", "4"},
+                            {"SLURM_NODEID", "2"},
+                            {"SLURM_JOB_NODELIST", "node[01-03,07]"}};
+
+TEST(Options, DefaultsWhenOnlyTheProgramIsGiven) {
+  LaunchOptions o = parse({"train"});
+  EXPECT_EQ(o.nproc_per_node, 1);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_FALSE(o.standalone);
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_EQ(o.monitor_interval, milliseconds(100));
+  EXPECT_EQ(o.rdzv_id, "none");
+  EXPECT_EQ(o.log_dir, "");
+  EXPECT_EQ(o.tee, Streams::kNone);
+  EXPECT_EQ(o.redirects, Streams::kNone);
+  EXPECT_EQ(o.local_addr, "");
+  EXPECT_EQ(o.grace_period, milliseconds(5000));
+  EXPECT_EQ(o.program, "train");
+  EXPECT_TRUE(o.program_args.empty());
+  EXPECT_EQ(o.source.size(), 14u);
+  for (const auto& [key, source] : o.source) EXPECT_EQ(source, "default") << key;
+}
+
+// --- Every option, in every spelling ---------------------------------------------
+
+struct OptionCase {
+  std::string name;   // dashed, without "--"
+  std::string value;  // empty for the flag
+  Args context;       // other options the value needs to be valid
+  std::function<void(const LaunchOptions&)> check;
+};
+
+std::string underscored(std::string name) {
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+std::string variable(const std::string& name) {
+  std::string upper = "CHORUS_RUN_" + underscored(name);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return upper;
+}
+
+const OptionCase kOptionCases[] = {
+    {"nproc-per-node", "3", {}, [](auto& o) { EXPECT_EQ(o.nproc_per_node, 3); }},
+    {"nnodes", "4", {}, [](auto& o) { EXPECT_EQ(o.nnodes, 4); }},
+    {"node-rank", "2", {"--nnodes", "3"}, [](auto& o) { EXPECT_EQ(o.node_rank, 2); }},
+    {"master-addr", "10.1.2.3", {}, [](auto& o) { EXPECT_EQ(o.master_addr, "10.1.2.3"); }},
+    {"master-port", "12345", {}, [](auto& o) { EXPECT_EQ(o.master_port, 12345); }},
+    {"standalone",
+     "",
+     {},
+     [](auto& o) {
+       EXPECT_TRUE(o.standalone);
+       EXPECT_EQ(o.source.at("master_addr"), o.source.at("standalone"));
+     }},
+    {"max-restarts", "2", {}, [](auto& o) { EXPECT_EQ(o.max_restarts, 2); }},
+    {"monitor-interval",
+     "0.25",
+     {},
+     [](auto& o) { EXPECT_EQ(o.monitor_interval, milliseconds(250)); }},
+    {"rdzv-id", "job42", {}, [](auto& o) { EXPECT_EQ(o.rdzv_id, "job42"); }},
+    {"log-dir", "/tmp/logs", {}, [](auto& o) { EXPECT_EQ(o.log_dir, "/tmp/logs"); }},
+    {"tee", "3", {}, [](auto& o) { EXPECT_EQ(o.tee, Streams::kBoth); }},
+    {"redirects",
+     "2",
+     {"--log-dir", "/l"},
+     [](auto& o) { EXPECT_EQ(o.redirects, Streams::kStderr); }},
+    {"local-addr", "127.0.0.2", {}, [](auto& o) { EXPECT_EQ(o.local_addr, "127.0.0.2"); }},
+    {"grace-period", "1.5", {}, [](auto& o) { EXPECT_EQ(o.grace_period, milliseconds(1500)); }},
+};
+
+class EveryOption : public testing::TestWithParam<OptionCase> {
+ protected:
+  bool is_flag() const { return GetParam().value.empty(); }
+
+  // Parses context + `given` + a program, and checks the value and its recorded source.
+  void expect_read(const Args& given, const Environment& env, const std::string& source) {
+    const OptionCase& c = GetParam();
+    Args args = c.context;
+    args.insert(args.end(), given.begin(), given.end());
+    args.push_back("prog");
+    LaunchOptions o = parse(args, env);
+    c.check(o);
+    EXPECT_EQ(o.source.at(underscored(c.name)), source) << joined(args);
+    EXPECT_EQ(o.program, "prog");
+  }
+
+  Args spelled(const std::string& flag) const {
+    return is_flag() ? Args{flag} : Args{flag, GetParam().value};
+  }
+  std::string with_equals(const std::string& flag) const {
+    return flag + "=" + (is_flag() ? "1" : GetParam().value);
+  }
+};
+
+TEST_P(EveryOption, WithDashes) {
+  expect_read(spelled("--" + GetParam().name), {}, "--" + GetParam().name);
+}
+
+TEST_P(EveryOption, WithUnderscores) {
+  expect_read(spelled("--" + underscored(GetParam().name)), {}, "--" + GetParam().name);
+}
+
+TEST_P(EveryOption, WithEqualsSign) {
+  expect_read({with_equals("--" + GetParam().name)}, {}, "--" + GetParam().name);
+  expect_read({with_equals("--" + underscored(GetParam().name))}, {}, "--" + GetParam().name);
+}
+
+TEST_P(EveryOption, FromItsEnvironmentVariable) {
+  std::string name = variable(GetParam().name);
+  expect_read({}, {{name, is_flag() ? "1" : GetParam().value}}, name);
+}
+
+TEST_P(EveryOption, CommandLineBeatsEnvironmentVariable) {
+  // The variable holds a bad value: reading it would throw.
+  expect_read(spelled("--" + GetParam().name), {{variable(GetParam().name), "bad"}},
+              "--" + GetParam().name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, EveryOption, testing::ValuesIn(kOptionCases),
+                         [](const auto& info) { return underscored(info.param.name); });
+
+// --- The program and its arguments -------------------------------------------------
+
+TEST(Options, ArgumentsAfterTheProgramAreItsOwnVerbatim) {
+  LaunchOptions o = parse({"--nnodes", "1", "prog", "--lr", "0.1", "--nnodes", "5", "-h", "--",
+                           "--help", "", "--foo=bar"});
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.program, "prog");
+  EXPECT_EQ(o.program_args,
+            (Args{"--lr", "0.1", "--nnodes", "5", "-h", "--", "--help", "", "--foo=bar"}));
+}
+
+TEST(Options, DoubleDashEndsTheOptions) {
+  LaunchOptions o = parse({"--nproc-per-node", "2", "--", "--odd-program", "--nnodes", "3"});
+  EXPECT_EQ(o.nproc_per_node, 2);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.program, "--odd-program");
+  EXPECT_EQ(o.program_args, (Args{"--nnodes", "3"}));
+}
+
+TEST(Options, EmptyValueAfterEqualsDoesNotTakeTheProgram) {
+  LaunchOptions o = parse({"--log-dir=", "--local_addr=", "prog", "x"});
+  EXPECT_EQ(o.log_dir, "");
+  EXPECT_EQ(o.local_addr, "");
+  EXPECT_EQ(o.source.at("log_dir"), "--log-dir");
+  EXPECT_EQ(o.program, "prog");
+  EXPECT_EQ(o.program_args, Args{"x"});
+}
+
+TEST(Options, ValueMayStartWithADash) {
+  EXPECT_EQ(parse({"--rdzv-id", "-job", "prog"}).rdzv_id, "-job");
+  EXPECT_EQ(parse({"--rdzv-id=--job", "prog"}).rdzv_id, "--job");
+  std::string message = usage_error({"--node-rank", "-1", "prog"});
+  EXPECT_NE(message.find("--node-rank -1:"), std::string::npos) << message;
+}
+
+TEST(Options, LastRepetitionWins) {
+  LaunchOptions o =
+      parse({"--nnodes", "2", "--nnodes=3", "--node_rank", "1", "--node-rank", "2", "prog"});
+  EXPECT_EQ(o.nnodes, 3);
+  EXPECT_EQ(o.node_rank, 2);
+}
+
+TEST(Options, HelpBeforeTheProgramIsRequested) {
+  EXPECT_THROW(parse({"-h"}), HelpRequested);
+  EXPECT_THROW(parse({"--help"}), HelpRequested);
+  EXPECT_THROW(parse({"--nnodes", "2", "--help", "prog"}), HelpRequested);
+  EXPECT_EQ(parse({"prog", "--help"}).program_args, Args{"--help"});
+}
+
+TEST(Options, AutoProcessesPerNodeIsTheCpuCount) {
+  EXPECT_EQ(parse({"--nproc-per-node", "auto", "prog"}, {}, 7).nproc_per_node, 7);
+  EXPECT_EQ(parse({"prog"}, {{"CHORUS_RUN_NPROC_PER_NODE", "auto"}}, 3).nproc_per_node, 3);
+  // A machine that reports no CPUs still runs one worker.
+  EXPECT_EQ(parse({"--nproc_per_node=auto", "prog"}, {}, 0).nproc_per_node, 1);
+}
+
+// --- Environment variables and precedence -----------------------------------------
+
+TEST(Options, EmptyVariableCountsAsUnset) {
+  LaunchOptions o = parse({"prog"}, {{"CHORUS_RUN_NNODES", ""}, {"CHORUS_RUN_MASTER_ADDR", ""}});
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.source.at("nnodes"), "default");
+}
+
+TEST(Options, StandaloneVariableTakesBooleanWords) {
+  EXPECT_TRUE(parse({"prog"}, {{"CHORUS_RUN_STANDALONE", "true"}}).standalone);
+  EXPECT_FALSE(parse({"prog"}, {{"CHORUS_RUN_STANDALONE", "0"}}).standalone);
+  std::string message = usage_error({"prog"}, {{"CHORUS_RUN_STANDALONE", "maybe"}});
+  EXPECT_NE(message.find("CHORUS_RUN_STANDALONE=maybe"), std::string::npos) << message;
+}
+
+TEST(Options, StandaloneFlagCanBeTurnedOffWithAValue) {
+  EXPECT_FALSE(parse({"--standalone=0", "prog"}).standalone);
+  EXPECT_FALSE(parse({"--standalone=false", "prog"}, {{"CHORUS_RUN_STANDALONE", "1"}}).standalone);
+}
+
+TEST(Options, VariablesBeatTheCluster) {
+  Environment env = kSlurm;
+  env["CHORUS_RUN_NNODES"] = "3";
+  env["CHORUS_RUN_MASTER_ADDR"] = "head";
+  LaunchOptions o = parse({"prog"}, env);
+  EXPECT_EQ(o.nnodes, 3);
+  EXPECT_EQ(o.source.at("nnodes"), "CHORUS_RUN_NNODES");
+  EXPECT_EQ(o.master_addr, "head");
+  EXPECT_EQ(o.node_rank, 2);
+  EXPECT_EQ(o.source.at("node_rank"), "SLURM_NODEID");
+}
+
+TEST(Options, CommandLineBeatsTheCluster) {
+  LaunchOptions o =
+      parse({"--nnodes", "1", "--node-rank", "0", "--master-addr", "h", "--rdzv-id", "r", "prog"},
+            kSlurm);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.master_addr, "h");
+  EXPECT_EQ(o.rdzv_id, "r");
+  EXPECT_EQ(o.source.at("rdzv_id"), "--rdzv-id");
+}
+
+// --- Clusters ------------------------------------------------------------------------
+
+TEST(Options, SlurmFillsWhatIsNotGiven) {
+  LaunchOptions o = parse({"prog"}, kSlurm);
+  EXPECT_EQ(o.nnodes, 4);
+  EXPECT_EQ(o.node_rank, 2);
+  EXPECT_EQ(o.master_addr, "node01");
+  EXPECT_EQ(o.rdzv_id, "4711");
+  EXPECT_EQ(o.source.at("nnodes"), "SLURM_NNODES");
+  EXPECT_EQ(o.source.at("master_addr"), "SLURM_JOB_NODELIST");
+  EXPECT_EQ(o.source.at("rdzv_id"), "SLURM_JOB_ID");
+  EXPECT_EQ(o.source.at("master_port"), "default");
+}
+
+TEST(Options, MpirunFillsNodesButNotTheMasterAddress) {
+  Environment env = {{"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_RANK", "1"}};
+  LaunchOptions o = parse({"prog"}, env);
+  EXPECT_EQ(o.nnodes, 3);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.source.at("node_rank"), "OMPI_COMM_WORLD_RANK");
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.source.at("master_addr"), "default");
+  EXPECT_EQ(parse({"--master-addr", "n0", "prog"}, env).master_addr, "n0");
+}
+
+TEST(Options, StandaloneIgnoresTheCluster) {
+  LaunchOptions o = parse({"--standalone", "--master-port", "0", "prog"}, kSlurm);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 0);  // picked later by the launcher
+  EXPECT_EQ(o.rdzv_id, "none");
+  EXPECT_EQ(o.source.at("nnodes"), "--standalone");
+  EXPECT_EQ(o.source.at("master_port"), "--master-port");
+}
+
+TEST(Options, UnreadableClusterDoesNotBlockExplicitValues) {
+  Environment env = kSlurm;
+  env["SLURM_JOB_NODELIST"] = "node[01";
+  std::string message = usage_error({"prog"}, env);
+  EXPECT_NE(message.find("SLURM_JOB_NODELIST"), std::string::npos) << message;
+  LaunchOptions o = parse(
+      {"--nnodes", "2", "--node-rank", "1", "--master-addr", "n", "--rdzv-id", "j", "prog"}, env);
+  EXPECT_EQ(o.master_addr, "n");
+}
+
+TEST(Options, ClusterValuesAreChecked) {
+  Environment env = kSlurm;
+  env["SLURM_NODEID"] = "4";
+  EXPECT_EQ(usage_error({"prog"}, env), "SLURM_NODEID=4: must be less than SLURM_NNODES (4)");
+}
+
+// --- Bad values ------------------------------------------------------------------
+
+struct ErrorCase {
+  std::string name;
+  Args args;
+  std::vector<std::string> message_parts;  // each must appear in the message
+  Environment env = {};
+};
+
+class BadValue : public testing::TestWithParam<ErrorCase> {};
+
+TEST_P(BadValue, IsAUsageErrorNamingTheOptionAndValue) {
+  std::string message = usage_error(GetParam().args, GetParam().env);
+  for (const std::string& part : GetParam().message_parts) {
+    EXPECT_NE(message.find(part), std::string::npos) << "\"" << part << "\" not in: " << message;
+  }
+}
+
+const ErrorCase kErrorCases[] = {
+    {"NprocZero", {"--nproc-per-node", "0", "p"}, {"--nproc-per-node 0:", ">= 1, or auto"}},
+    {"NprocNegative", {"--nproc_per_node=-2", "p"}, {"--nproc-per-node -2:"}},
+    {"NprocWord", {"--nproc-per-node", "two", "p"}, {"--nproc-per-node two:"}},
+    {"NprocTrailing", {"--nproc-per-node", "2x", "p"}, {"--nproc-per-node 2x:"}},
+    {"NprocFraction", {"--nproc-per-node", "1.5", "p"}, {"--nproc-per-node 1.5:"}},
+    {"NprocEmpty", {"--nproc-per-node=", "p"}, {"--nproc-per-node \"\":"}},
+    {"NprocHuge", {"--nproc-per-node", "99999999999", "p"}, {"--nproc-per-node 99999999999:"}},
+    {"NprocVariable",
+     {"p"},
+     {"CHORUS_RUN_NPROC_PER_NODE=0:", ">= 1"},
+     {{"CHORUS_RUN_NPROC_PER_NODE", "0"}}},
+    {"NnodesZero", {"--nnodes", "0", "p"}, {"--nnodes 0:", ">= 1"}},
+    {"NnodesFraction", {"--nnodes", "1.5", "p"}, {"--nnodes 1.5:"}},
+    {"NodeRankNegative", {"--node-rank=-1", "p"}, {"--node-rank -1:", ">= 0"}},
+    {"NodeRankTooLarge",
+     {"--nnodes", "2", "--node-rank", "2", "p"},
+     {"--node-rank 2: must be less than --nnodes (2)"}},
+    {"NodeRankBeyondDefault",
+     {"--node-rank", "1", "p"},
+     {"--node-rank 1:", "--nnodes (1, the default)"}},
+    {"NodeRankVariable",
+     {"--nnodes", "2", "p"},
+     {"CHORUS_RUN_NODE_RANK=5:", "--nnodes (2)"},
+     {{"CHORUS_RUN_NODE_RANK", "5"}}},
+    {"PortZero", {"--master-port", "0", "p"}, {"--master-port 0:", "1 to 65535"}},
+    {"PortTooLarge", {"--master-port", "65536", "p"}, {"--master-port 65536:"}},
+    {"PortNegative", {"--master_port=-5", "p"}, {"--master-port -5:"}},
+    {"PortWord", {"--master-port", "http", "p"}, {"--master-port http:"}},
+    {"MaxRestartsNegative", {"--max-restarts", "-1", "p"}, {"--max-restarts -1:", ">= 0"}},
+    {"MaxRestartsFraction", {"--max-restarts", "0.5", "p"}, {"--max-restarts 0.5:"}},
+    {"MonitorZero", {"--monitor-interval", "0", "p"}, {"--monitor-interval 0:", "0.001 to 3600"}},
+    {"MonitorNegative", {"--monitor-interval", "-1", "p"}, {"--monitor-interval -1:"}},
+    {"MonitorInfinite", {"--monitor-interval", "inf", "p"}, {"--monitor-interval inf:"}},
+    {"MonitorNotANumber", {"--monitor-interval", "nan", "p"}, {"--monitor-interval nan:"}},
+    {"MonitorWord", {"--monitor-interval", "fast", "p"}, {"--monitor-interval fast:"}},
+    {"GraceNegative", {"--grace-period", "-0.5", "p"}, {"--grace-period -0.5:", "0 to 86400"}},
+    {"GraceTooLong", {"--grace-period", "1e12", "p"}, {"--grace-period 1e12:"}},
+    {"TeeFour", {"--tee", "4", "p"}, {"--tee 4:", "0 (none)", "3 (both)"}},
+    {"TeeWord", {"--tee", "both", "p"}, {"--tee both:"}},
+    {"RedirectsNegative", {"--log-dir", "/l", "--redirects", "-1", "p"}, {"--redirects -1:"}},
+    {"RedirectsWithoutLogDir", {"--redirects", "3", "p"}, {"--redirects 3:", "--log-dir"}},
+    {"MasterAddrEmpty", {"--master-addr", "", "p"}, {"--master-addr \"\":"}},
+    {"RdzvIdEmpty", {"--rdzv-id=", "p"}, {"--rdzv-id \"\":"}},
+    {"StandaloneWord", {"--standalone=maybe", "p"}, {"--standalone maybe:"}},
+    {"StandaloneManyNodes", {"--standalone", "--nnodes", "2", "p"}, {"--standalone", "--nnodes 2"}},
+    {"StandaloneNodeRank",
+     {"--standalone", "--node-rank", "1", "p"},
+     {"--standalone", "--node-rank 1"}},
+    {"StandaloneMasterAddr",
+     {"--standalone", "--master-addr", "10.0.0.1", "p"},
+     {"--standalone", "--master-addr 10.0.0.1"}},
+    {"StandaloneFromVariable",
+     {"--nnodes", "2", "p"},
+     {"CHORUS_RUN_STANDALONE", "--nnodes 2"},
+     {{"CHORUS_RUN_STANDALONE", "1"}}},
+    {"WorldSizeOverflow",
+     {"--nnodes", "65536", "--nproc-per-node", "65536", "p"},
+     {"--nproc-per-node 65536:", "--nnodes (65536)", "world size"}},
+    {"NoArguments", {}, {"no program given: usage: chorusrun [options] PROGRAM [ARGS...]"}},
+    {"OptionsButNoProgram", {"--nnodes", "2", "--"}, {"no program given"}},
+    {"EmptyProgram", {""}, {"no program given"}},
+    {"UnknownLongOption", {"--nodes", "2", "p"}, {"unknown option --nodes"}},
+    {"UnknownShortOption", {"-n", "2", "p"}, {"unknown option -n"}},
+    {"ValueMissingAtTheEnd", {"--nnodes"}, {"--nnodes: needs a value"}},
+    {"ValueMissingUnderscored", {"--master_port"}, {"--master_port: needs a value"}},
+    {"ValueIsAnotherOption",
+     {"--master-addr", "--nnodes", "2", "p"},
+     {"--master-addr: needs a value (HOST) before --nnodes", "--master-addr=VALUE"}},
+    {"ValueIsHelp", {"--log-dir", "-h", "p"}, {"--log-dir: needs a value (DIR) before -h"}},
+    {"ValueIsTheSeparator", {"--rdzv_id", "--", "p"}, {"--rdzv_id: needs a value (ID) before --"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Options, BadValue, testing::ValuesIn(kErrorCases),
+                         [](const auto& info) { return info.param.name; });
+
+// --- Help ------------------------------------------------------------------------------
+
+TEST(Options, UsageListsEveryOptionWithDefaultAndVariable) {
+  std::string text = usage_text();
+  for (const OptionCase& c : kOptionCases) {
+    EXPECT_NE(text.find("--" + c.name), std::string::npos) << c.name;
+    EXPECT_NE(text.find(variable(c.name)), std::string::npos) << c.name;
+  }
+  EXPECT_NE(text.find("default: 29500"), std::string::npos);
+  EXPECT_NE(text.find("SLURM_JOB_NODELIST"), std::string::npos);
+  EXPECT_NE(text.find("OMPI_COMM_WORLD_RANK"), std::string::npos);
+  EXPECT_NE(text.find("-h, --help"), std::string::npos);
+}
+
+TEST(Options, CurrentEnvironmentReadsTheProcessEnvironment) {
+  ASSERT_EQ(setenv("CHORUS_OPTIONS_TEST_VAR", "a=b", 1), 0);
+  Environment env = current_environment();
+  unsetenv("CHORUS_OPTIONS_TEST_VAR");
+  EXPECT_EQ(env.at("CHORUS_OPTIONS_TEST_VAR"), "a=b");
+}
+
+}  // namespace
+}  // namespace chorus::run
