@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 #include <string>
@@ -23,6 +25,7 @@ using test::Subprocess;
 
 const std::string kRun = std::string(CHORUS_BIN_DIR) + "/chorusrun";
 const std::string kWorker = std::string(CHORUS_BIN_DIR) + "/chorus_test_worker";
+const std::string kScripted = std::string(CHORUS_BIN_DIR) + "/workers_test_helper";
 
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
@@ -77,7 +80,15 @@ std::vector<pid_t> worker_pids(const std::string& output) {
   return pids;
 }
 
-bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+// A zombie counts as gone: it runs nothing, and whether init reaps orphans promptly
+// differs between machines.
+bool alive(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  size_t close = text.rfind(')');
+  return close == std::string::npos || close + 2 >= text.size() || text[close + 2] != 'Z';
+}
 
 // Waits until every pid is gone (true) or the deadline passes (false).
 bool all_gone(const std::vector<pid_t>& pids, std::chrono::milliseconds within) {
@@ -162,6 +173,65 @@ TEST(Chorusrun, KilledWorkerStopsBothNodes) {
     EXPECT_TRUE(contains(err, "last output of rank 3")) << err;
   }
   EXPECT_TRUE(all_gone(all, 5s)) << "a worker outlived its launcher";
+  // Each worker led its own process group: nothing of any group may be left.
+  for (pid_t pgid : all) {
+    EXPECT_TRUE(kill(-pgid, 0) == -1 && errno == ESRCH) << "process group " << pgid << " remains";
+  }
+}
+
+TEST(Chorusrun, NodesThatNeverComeAreNamed) {
+  uint16_t port = test::pick_free_port();
+  auto n0 = launcher(node_args(0, port, 1, {}, {"allreduce-loop", "1", "1"}),
+                     {{"CHORUS_CONNECT_TIMEOUT", "2"}});
+  ASSERT_TRUE(n0->wait_for(30s)) << n0->output_text();
+  EXPECT_EQ(n0->exit_code(), 1) << n0->output_text();
+  EXPECT_TRUE(contains(n0->stderr_text(), "node(s) 1 of 2 never arrived")) << n0->output_text();
+}
+
+TEST(Chorusrun, KilledLauncherTakesItsWorkersAlong) {
+  uint16_t port = test::pick_free_port();
+  auto run = launcher({"--nproc-per-node", "2", "--master-port", std::to_string(port), kWorker,
+                       "allreduce-loop", "0", "1000"});
+  ASSERT_TRUE(run->wait_for_output("started", 60s)) << run->output_text();
+  std::vector<pid_t> pids = worker_pids(run->stderr_text());
+  ASSERT_EQ(pids.size(), 2u) << run->output_text();
+  ASSERT_EQ(kill(run->pid(), SIGKILL), 0);
+  EXPECT_TRUE(all_gone(pids, 3s)) << "a worker outlived a SIGKILLed launcher";
+}
+
+TEST(Chorusrun, SecondSigintKillsAtOnce) {
+  uint16_t port = test::pick_free_port();
+  auto run = launcher({"--nproc-per-node", "2", "--master-port", std::to_string(port),
+                       "--grace-period", "60", kScripted, "ignore-int", "ignore-term", "out",
+                       "ready", "sleep", "120"});
+  ASSERT_TRUE(run->wait_for_output("ready", 60s)) << run->output_text();
+  ASSERT_TRUE(run->wait_for_output("ready\nready", 1s) || true);
+  std::this_thread::sleep_for(200ms);  // both workers past their ignore steps
+  ASSERT_EQ(kill(run->pid(), SIGINT), 0);
+  // The workers ignore the forwarded SIGINT: the launcher waits out its grace period...
+  EXPECT_FALSE(run->wait_for(1s)) << run->output_text();
+  // ...until a second SIGINT, which kills them at once.
+  ASSERT_EQ(kill(run->pid(), SIGINT), 0);
+  ASSERT_TRUE(run->wait_for(5s)) << run->output_text();
+  EXPECT_EQ(run->exit_code(), 128 + SIGINT) << run->output_text();
+  EXPECT_TRUE(contains(run->stderr_text(), "received SIGINT")) << run->output_text();
+}
+
+TEST(Chorusrun, LogDirHoldsEveryRanksOutput) {
+  uint16_t port = test::pick_free_port();
+  std::string dir = testing::TempDir() + "chorusrun_logs_" + std::to_string(port);
+  auto run = launcher({"--nproc-per-node", "2", "--master-port", std::to_string(port),
+                       "--log-dir", dir, "--redirects", "1", kWorker, "allreduce-loop", "2", "10"});
+  ASSERT_TRUE(run->wait_for(60s)) << run->output_text();
+  EXPECT_EQ(run->exit_code(), 0) << run->output_text();
+  EXPECT_FALSE(contains(run->stdout_text(), "ok")) << "stdout was redirected to the logs";
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream out(dir + "/rank_" + std::to_string(r) + ".stdout.log");
+    std::ifstream err(dir + "/rank_" + std::to_string(r) + ".stderr.log");
+    std::string o((std::istreambuf_iterator<char>(out)), {}), e((std::istreambuf_iterator<char>(err)), {});
+    EXPECT_TRUE(contains(o, "ok")) << "rank " << r << ": " << o;
+    EXPECT_TRUE(contains(e, "rank " + std::to_string(r) + " of 2 connected")) << e;
+  }
 }
 
 TEST(Chorusrun, RestartAfterAFailureKeepsRanks) {

@@ -12,6 +12,7 @@
 //   fds               "fds" and the numbers of its open file descriptors on stdout
 //   read-stdin        reads stdin to its end; "stdin N bytes" on stdout
 //   ignore-term       ignores SIGTERM from here on
+//   ignore-int        ignores SIGINT from here on
 //   grandchild        forks a child that stays in the process group, ignores SIGTERM,
 //                     keeps stdout/stderr open and sleeps 60 s; prints "grandchild PID"
 //   sleep SECONDS     sleeps (fractions allowed)
@@ -127,6 +128,10 @@ int run_step(int argc, char** argv, int i) {
   }
   if (step == "ignore-term") {
     signal(SIGTERM, SIG_IGN);
+    return i + 1;
+  }
+  if (step == "ignore-int") {
+    signal(SIGINT, SIG_IGN);
     return i + 1;
   }
   if (step == "grandchild") {
