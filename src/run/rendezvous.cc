@@ -56,11 +56,27 @@ bool LauncherRendezvous::wait_all(const std::string& what, const std::vector<std
 }
 
 bool LauncherRendezvous::join(const std::function<bool()>& interrupted) {
-  store_->set("node/" + std::to_string(options_.node_rank), net::hostname());
+  // "NPROC HOST": ranks are laid out as node_rank * nproc + local_rank, which needs
+  // the same number of workers on every node.
+  store_->set("node/" + std::to_string(options_.node_rank),
+              std::to_string(options_.nproc_per_node) + " " + net::hostname());
   auto keys = node_keys("node/");
   if (!wait_all("waiting for the launchers of all nodes", keys, interrupted)) return false;
   hosts_.clear();
-  for (const auto& k : keys) hosts_.push_back(store_->get_string(k));
+  for (size_t k = 0; k < keys.size(); ++k) {
+    std::string value = store_->get_string(keys[k]);
+    size_t space = value.find(' ');
+    std::string nproc = value.substr(0, space);
+    hosts_.push_back(space == std::string::npos ? "" : value.substr(space + 1));
+    if (nproc != std::to_string(options_.nproc_per_node)) {
+      leave(std::chrono::seconds(5));  // node 0 keeps the store up until the others know
+      throw InvalidArgumentError(
+          "--nproc-per-node differs between nodes: node " + std::to_string(k) + " (host " +
+          hosts_.back() + ") has " + nproc + ", node " + std::to_string(options_.node_rank) +
+          " has " + std::to_string(options_.nproc_per_node) +
+          "; every node must start the same number of workers");
+    }
+  }
   return true;
 }
 

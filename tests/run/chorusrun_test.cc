@@ -188,6 +188,19 @@ TEST(Chorusrun, NodesThatNeverComeAreNamed) {
   EXPECT_TRUE(contains(n0->stderr_text(), "node(s) 1 of 2 never arrived")) << n0->output_text();
 }
 
+TEST(Chorusrun, DifferentWorkerCountsPerNodeAreRefused) {
+  uint16_t port = test::pick_free_port();
+  auto n0 = launcher(node_args(0, port, 2, {}, {"allreduce-loop", "1", "1"}));
+  auto n1 = launcher(node_args(1, port, 1, {}, {"allreduce-loop", "1", "1"}));
+  ASSERT_TRUE(n0->wait_for(30s)) << n0->output_text();
+  ASSERT_TRUE(n1->wait_for(30s)) << n1->output_text();
+  for (Subprocess* n : {n0.get(), n1.get()}) {
+    EXPECT_EQ(n->exit_code(), 1) << n->output_text();
+    EXPECT_TRUE(contains(n->stderr_text(), "--nproc-per-node differs between nodes"))
+        << n->output_text();
+  }
+}
+
 TEST(Chorusrun, KilledLauncherTakesItsWorkersAlong) {
   uint16_t port = test::pick_free_port();
   auto run = launcher({"--nproc-per-node", "2", "--master-port", std::to_string(port), kWorker,
