@@ -1,0 +1,282 @@
+// chorus-mnist: the seed job. An MLP (784-512-512-10, seed 000) or a linear model
+// (784->10 with Normalize(0.5, 0.5), seed 001) trained on Fashion-MNIST or MNIST with
+// DistributedDataParallel over chorus; started by chorusrun (or alone as one rank).
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "chorus/error.h"
+#include "chorus/torch/checkpoint.h"
+#include "chorus/torch/data.h"
+#include "chorus/torch/ddp.h"
+
+namespace {
+
+using chorus::torch_ext::DistributedDataParallel;
+using chorus::torch_ext::ProcessGroup;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string model = "mlp";
+  std::string dataset = "fashion";
+  std::string data_dir;
+  int64_t epochs = 5;
+  int64_t batch_size = 512;  // global: split across ranks, as in seed 000
+  double lr = 1e-3;
+  double momentum = 0;
+  uint64_t seed = 0;
+  int64_t log_interval = 100;
+  int64_t workers = 1;
+  std::string checkpoint_dir;
+  int64_t checkpoint_interval = 100;
+  bool resume = false;
+  std::string device = "cpu";
+  int64_t max_steps = 0;  // 0: no limit (benchmarks and tests stop early with it)
+  int threads = 0;        // 0: OMP_NUM_THREADS, else 1
+};
+
+// NeuralNetwork of seed 000: Flatten, then Linear/ReLU/Linear/ReLU/Linear. Layers are
+// created in the same order as in PyTorch, so torch::manual_seed gives the same weights.
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    // One statement per layer: the order of function arguments' evaluation is
+    // unspecified in C++ (GCC goes right to left), and the layers must draw their
+    // initial weights in PyTorch's order.
+    torch::nn::Linear fc1(784, 512);
+    torch::nn::Linear fc2(512, 512);
+    torch::nn::Linear fc3(512, 10);
+    stack = register_module("linear_relu_stack",
+                            torch::nn::Sequential(fc1, torch::nn::ReLU(), fc2, torch::nn::ReLU(), fc3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return stack->forward(x.flatten(1)); }
+  torch::nn::Sequential stack{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+// SimpleModel of seed 001.
+struct LinearImpl : torch::nn::Module {
+  LinearImpl() { fc = register_module("fc", torch::nn::Linear(784, 10)); }
+  torch::Tensor forward(torch::Tensor x) { return fc->forward(x.flatten(1)); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Linear);
+
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app{"chorus-mnist: the seed job (DistributedDataParallel on Fashion-MNIST/MNIST)"};
+  app.add_option("--model", a.model, "mlp (784-512-512-10) or linear (784->10)")
+      ->check(CLI::IsMember({"mlp", "linear"}));
+  app.add_option("--dataset", a.dataset, "fashion or mnist")->check(CLI::IsMember({"fashion", "mnist"}));
+  app.add_option("--data-dir", a.data_dir,
+                 "directory of the IDX files (default for fashion: /usr/share/datasets/fashion-mnist)");
+  app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", a.batch_size, "global batch size, split across ranks")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", a.lr, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", a.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", a.seed, "torch.manual_seed and the sampler's seed");
+  app.add_option("--log-interval", a.log_interval, "print the loss every N batches")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--workers", a.workers, "data loader threads (0: load on the training thread)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-dir", a.checkpoint_dir, "rank 0 writes checkpoint.pt here");
+  app.add_option("--checkpoint-interval", a.checkpoint_interval,
+                 "also checkpoint every N steps (0: only at epoch ends)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", a.resume, "continue from <checkpoint-dir>/checkpoint.pt if present");
+  app.add_option("--device", a.device, "cpu")->check(CLI::IsMember({"cpu"}));
+  app.add_option("--max-steps", a.max_steps, "stop after N optimizer steps (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads, "intra-op threads (0: OMP_NUM_THREADS or 1)")
+      ->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? -1 : 2;
+  }
+  if (a.resume && a.checkpoint_dir.empty()) {
+    std::fprintf(stderr, "chorus-mnist: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
+  if (a.data_dir.empty()) {
+    if (a.dataset == "mnist") {
+      std::fprintf(stderr, "chorus-mnist: --dataset mnist needs --data-dir (Debian packages only "
+                           "Fashion-MNIST)\n");
+      return 2;
+    }
+    a.data_dir = "/usr/share/datasets/fashion-mnist";
+  }
+  return 0;
+}
+
+std::shared_ptr<const chorus::data::MnistDataset> load_split(const Args& a, chorus::data::Split split) {
+  chorus::data::MnistOptions o;
+  o.directory = a.data_dir;
+  o.split = split;
+  o.layout = chorus::data::ImageLayout::kFlat;
+  if (a.model == "linear") o.normalize = chorus::data::Normalize{0.5, 0.5};
+  return chorus::data::MnistDataset::load(o);
+}
+
+// FNV-1a over every parameter's bytes: equal checksums mean bitwise-equal replicas.
+std::string checksum(torch::nn::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  for (auto& p : m.parameters()) {
+    torch::Tensor c = p.detach().contiguous();
+    auto* b = static_cast<const uint8_t*>(c.data_ptr());
+    for (int64_t i = 0; i < c.numel() * c.element_size(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+struct TestResult {
+  double accuracy = 0, avg_loss = 0;
+};
+
+template <class Model>
+TestResult evaluate(Model& model, std::shared_ptr<const chorus::data::MnistDataset> test, int64_t batch) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  chorus::data::DataLoaderOptions lo;
+  lo.batch_size = batch;
+  chorus::data::DataLoader loader(test, lo);
+  double loss = 0, correct = 0;
+  int64_t batches = 0;
+  while (auto b = loader.next()) {
+    torch::Tensor out = model->forward(b->data);
+    loss += torch::nn::functional::cross_entropy(out, b->target).template item<double>();
+    correct += out.argmax(1).eq(b->target).sum().template item<double>();
+    ++batches;
+  }
+  model->train();
+  return {correct / static_cast<double>(test->size()), loss / static_cast<double>(batches)};
+}
+
+template <class Model>
+int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
+  const int rank = group->rank(), world = group->size();
+  auto train_set = load_split(a, chorus::data::Split::kTrain);
+  auto test_set = load_split(a, chorus::data::Split::kTest);
+  if (a.batch_size % world != 0) {
+    std::fprintf(stderr, "chorus-mnist: --batch-size %lld is not divisible by the %d ranks\n",
+                 static_cast<long long>(a.batch_size), world);
+    return 2;
+  }
+  const int64_t batch = a.batch_size / world;
+  torch::optim::SGD optimizer(model->parameters(),
+                              torch::optim::SGDOptions(a.lr).momentum(a.momentum));
+  chorus::data::DistributedSamplerOptions so;
+  so.num_replicas = world;
+  so.rank = rank;
+  so.seed = a.seed;
+  chorus::data::DistributedSampler sampler(train_set->size(), so);
+  chorus::torch_ext::TrainingState state;
+  const std::string ckpt = a.checkpoint_dir.empty() ? "" : a.checkpoint_dir + "/checkpoint.pt";
+  if (a.resume) {
+    if (auto loaded = chorus::torch_ext::load_checkpoint(ckpt, *model, optimizer)) {
+      state = *loaded;
+      if (rank == 0) {
+        std::printf("resumed from %s: epoch %lld, step %lld\n", ckpt.c_str(),
+                    static_cast<long long>(state.epoch), static_cast<long long>(state.step));
+      }
+    }
+  }
+  if (!ckpt.empty() && rank == 0) std::filesystem::create_directories(a.checkpoint_dir);
+  DistributedDataParallel ddp(model.ptr(), group);
+  auto save = [&] {
+    if (rank == 0 && !ckpt.empty()) chorus::torch_ext::save_checkpoint(ckpt, *model, optimizer, state);
+  };
+  int64_t trained = 0;
+  double train_seconds = 0;
+  TestResult last;
+  const auto wall_start = Clock::now();
+  bool stop = false;
+  for (int64_t epoch = state.epoch; epoch < a.epochs && !stop; ++epoch) {
+    std::printf("curr epoch:  %lld\n", static_cast<long long>(epoch));
+    sampler.set_epoch(epoch);
+    if (epoch == state.epoch && state.sampler_position > 0) {
+      sampler.load_state({epoch, state.sampler_position});
+    }
+    state.epoch = epoch;
+    chorus::data::DataLoaderOptions lo;
+    lo.batch_size = batch;
+    lo.drop_last = true;
+    lo.workers = a.workers;
+    chorus::data::DataLoader loader(train_set, sampler.remaining_indices(), lo);
+    int64_t i = sampler.position() / batch;
+    const auto start = Clock::now();
+    while (auto b = loader.next()) {
+      torch::Tensor loss =
+          torch::nn::functional::cross_entropy(ddp.forward(model, b->data), b->target);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+      sampler.advance(b->size());
+      ++state.step;
+      trained += b->size() * world;
+      state.sampler_position = sampler.position();
+      if (i % a.log_interval == 0) {
+        std::printf("loss: %7f [%5lld/%5lld]\n", loss.item<double>(),
+                    static_cast<long long>(i * b->size()),
+                    static_cast<long long>(train_set->size()));
+        std::fflush(stdout);
+      }
+      ++i;
+      if (a.checkpoint_interval > 0 && state.step % a.checkpoint_interval == 0) save();
+      if (a.max_steps > 0 && state.step >= a.max_steps) {
+        stop = true;
+        break;
+      }
+    }
+    train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    if (!stop) {
+      state = {epoch + 1, state.step, 0};
+      save();
+    }
+    last = evaluate(model, test_set, 1000);
+    if (rank == 0) {
+      std::printf("Test Error: \n Accuracy: %.1f%%, Avg loss: %8f \n\n", 100 * last.accuracy,
+                  last.avg_loss);
+    }
+    std::fflush(stdout);
+  }
+  std::printf("rank %d params %s\n", rank, checksum(*model).c_str());
+  if (rank == 0) {
+    nlohmann::json j = {{"epochs", a.epochs},
+                        {"ranks", world},
+                        {"steps", state.step},
+                        {"samples_per_second", train_seconds > 0 ? trained / train_seconds : 0.0},
+                        {"train_seconds", train_seconds},
+                        {"wall_time_s", std::chrono::duration<double>(Clock::now() - wall_start).count()},
+                        {"test_accuracy", last.accuracy},
+                        {"test_loss", last.avg_loss}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  group->barrier().wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
+  try {
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    torch::set_num_threads(a.threads > 0 ? a.threads : (omp ? std::max(1, std::atoi(omp)) : 1));
+    auto group = ProcessGroup::from_env();
+    // As in seed 000: the seed is set before the model is built, so every rank builds
+    // the same initial weights (DDP's broadcast from rank 0 then changes nothing).
+    torch::manual_seed(a.seed);
+    if (a.model == "mlp") return train(a, Mlp(), group);
+    return train(a, Linear(), group);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorus-mnist: %s\n", e.what());
+    return 1;
+  }
+}
