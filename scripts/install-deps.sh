@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake make g++ pkg-config libgtest-dev libgmock-dev zlib1g-dev libcli11-dev
-          nlohmann-json3-dev iproute2 procps)
+          nlohmann-json3-dev iproute2 procps
+          libtorch-dev dataset-fashion-mnist)
 packages+=("$@")
 
 missing=()

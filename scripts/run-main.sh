@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job on 2 local workers. Until the trainer exists this is the collective
-# benchmark: allreduce from 8 B to 64 MiB on 2 ranks over TCP loopback, results checked.
-# Extra arguments go to chorus-bench.
+# The main job: the seed job (chorus-mnist: MLP 784-512-512-10 on Fashion-MNIST, 5 epochs,
+# DistributedDataParallel) on 2 local workers started by chorusrun. Extra arguments go to
+# chorus-mnist (e.g. --epochs 1).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/build.sh"
-exec "$root/build/bin/chorus-bench" --np 2 -b 8 -e 64M -f 4 "$@"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+exec "$root/build/bin/chorusrun" --standalone --nproc-per-node 2 --tee 3 \
+    "$root/build/bin/chorus-mnist" --epochs 5 "$@"
