@@ -209,5 +209,54 @@ TEST(Ddp, BucketsFollowReverseRegistrationOrderAndCaps) {
   });
 }
 
+TEST(ProcessGroupTest, CollectivesOverTensors) {
+  on_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    torch::Tensor t = torch::full({2, 3}, rank + 1.0);
+    group->allreduce(t).wait();
+    EXPECT_TRUE(torch::equal(t, torch::full({2, 3}, 6.0)));
+    torch::Tensor b = torch::arange(4, torch::kInt64) * (rank == 2 ? 1 : 0);
+    group->broadcast(b, 2).wait();
+    EXPECT_TRUE(torch::equal(b, torch::arange(4, torch::kInt64)));
+    std::vector<torch::Tensor> parts;
+    for (int r = 0; r < 3; ++r) parts.push_back(torch::empty({2}, torch::kBFloat16));
+    group->allgather(parts, torch::full({2}, rank * 2.0, torch::kBFloat16)).wait();
+    for (int r = 0; r < 3; ++r) EXPECT_TRUE(torch::equal(parts[r], torch::full({2}, r * 2.0, torch::kBFloat16)));
+    torch::Tensor out = torch::empty({2});
+    group->reduce_scatter(out, torch::ones({6}), ReduceOp::kSum).wait();
+    EXPECT_TRUE(torch::equal(out, torch::full({2}, 3.0)));
+  });
+}
+
+TEST(ProcessGroupTest, BadTensorsAreRefusedWithClearErrors) {
+  on_ranks(2, [&](int, std::shared_ptr<ProcessGroup> group) {
+    auto message = [](const std::function<void()>& fn) {
+      try {
+        fn();
+      } catch (const InvalidArgumentError& e) {
+        return std::string(e.what());
+      }
+      return std::string("<no error>");
+    };
+    torch::Tensor strided = torch::ones({4, 4}).t();
+    EXPECT_NE(message([&] { group->allreduce(strided); }).find("not contiguous"), std::string::npos);
+    torch::Tensor boolean = torch::ones({3}, torch::kBool);
+    EXPECT_NE(message([&] { group->allreduce(boolean); }).find("Bool"), std::string::npos);
+    std::vector<torch::Tensor> wrong(2, torch::empty({5}));
+    EXPECT_NE(message([&] { group->allgather(wrong, torch::ones({4})); }).find("does not match"),
+              std::string::npos);
+    std::vector<torch::Tensor> few(1, torch::empty({4}));
+    EXPECT_NE(message([&] { group->allgather(few, torch::ones({4})); }).find("one per rank"),
+              std::string::npos);
+    EXPECT_NE(message([&] { group->reduce_scatter(torch::empty({3}), torch::ones({4})); })
+                  .find("blocks"),
+              std::string::npos);
+    EXPECT_NE(message([&] { group->allreduce(torch::Tensor()); }).find("undefined"), std::string::npos);
+    // Still usable afterwards.
+    torch::Tensor t = torch::ones({3});
+    group->allreduce(t).wait();
+    EXPECT_TRUE(torch::equal(t, torch::full({3}, 2.0)));
+  });
+}
+
 }  // namespace
 }  // namespace chorus::torch_ext

@@ -165,6 +165,31 @@ TEST(ChorusMnist, KilledMidEpochResumesFromTheLastCheckpoint) {
   EXPECT_EQ(params_by_rank(straight->stdout_text())[0], params_by_rank(out)[0]) << out;
 }
 
+TEST(ChorusMnist, TwoSimulatedNodesOfTwoWorkers) {
+  std::string data = make_tiny_dataset(1024, 256);
+  uint16_t port = chorus::test::pick_free_port();
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int node = 0; node < 2; ++node) {
+    chorus::test::SpawnOptions o;
+    o.args = {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+              "--master-addr", "127.0.0.2", "--master-port", std::to_string(port),
+              "--local-addr", node == 0 ? "127.0.0.2" : "127.0.0.3", "--tee", "3", kMnist,
+              "--data-dir", data, "--dataset", "mnist", "--epochs", "1", "--batch-size", "128"};
+    o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
+    o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_STORE_HOSTED"};
+    nodes.push_back(std::make_unique<Subprocess>(kRun, o));
+  }
+  std::string all;
+  for (auto& n : nodes) {
+    ASSERT_TRUE(n->wait_for(300s)) << n->output_text();
+    EXPECT_EQ(n->exit_code(), 0) << n->output_text();
+    all += n->stdout_text();
+  }
+  auto params = params_by_rank(all);
+  ASSERT_EQ(params.size(), 4u) << all;
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(params[0], params[r]) << all;
+}
+
 TEST(ChorusMnist, BadArgumentsAndDataAreNamed) {
   std::string missing = testing::TempDir() + "no_such_dataset_dir";
   auto run = job(1, {"--data-dir", missing, "--epochs", "1"});
