@@ -62,7 +62,8 @@ class Dataset {
   // The sample at `index`. Throws InvalidArgumentError when index is out of range.
   virtual Example get(int64_t index) const = 0;
 
-  // The samples at `indices`, stacked. The default stacks get(i); datasets that
+  // The samples at `indices`, stacked. The default stacks get(i) and throws
+  // InvalidArgumentError for an empty list (no shape to stack); datasets that
   // hold their samples in one tensor override it with a single gather.
   // Throws InvalidArgumentError when any index is out of range.
   virtual Batch get_batch(const std::vector<int64_t>& indices) const;
@@ -87,7 +88,7 @@ struct MnistOptions {
   std::string directory = "/usr/share/datasets/fashion-mnist";
   Split split = Split::kTrain;
   ImageLayout layout = ImageLayout::kImage;
-  std::optional<Normalize> normalize;  // none: plain ToTensor, values in [0,1]
+  std::optional<Normalize> normalize = std::nullopt;  // none: plain ToTensor, in [0,1]
 };
 
 // MNIST or Fashion-MNIST (the file format and shapes are the same). The files
@@ -112,6 +113,10 @@ class MnistDataset : public Dataset {
   const at::Tensor& raw_images() const { return images_; }
   const at::Tensor& labels() const { return labels_; }
 
+  // Wraps tensors already in memory (load() uses it; so can tests). Shares
+  // them, does not copy. options.directory and options.split are not used.
+  // Throws InvalidArgumentError unless images is [N,28,28] uint8 and labels is
+  // [N] int64, or when normalize->std is 0. Labels are not range-checked here.
   MnistDataset(at::Tensor images, at::Tensor labels, const MnistOptions& options);
 
  private:
@@ -127,7 +132,7 @@ struct DistributedSamplerOptions {
   int64_t num_replicas = 1;  // the world size
   int64_t rank = 0;          // in [0, num_replicas)
   bool shuffle = true;
-  uint64_t seed = 0;         // the same on every rank
+  uint64_t seed = 0;  // the same on every rank
   bool drop_last = false;
 };
 

@@ -110,8 +110,8 @@ int64_t checked_payload_size(Reader& reader, const std::vector<int64_t>& dims) {
     }
   }
   int64_t header = 4 + 4 * static_cast<int64_t>(dims.size());
-  int64_t limit = reader.is_gzip() ? reader.file_size * kMaxDeflateRatio
-                                   : reader.file_size - header;
+  int64_t limit =
+      reader.is_gzip() ? reader.file_size * kMaxDeflateRatio : reader.file_size - header;
   if (payload > limit) {
     throw DataError(reader.path, std::string("truncated ") + reader.format() +
                                      " file: the header promises " + std::to_string(payload) +
@@ -152,8 +152,8 @@ std::string find_idx_file(const std::string& directory, const std::string& name)
   std::error_code ignored;  // an unreadable directory reads as "missing" below
   if (std::filesystem::exists(raw, ignored)) return raw.string();
   if (std::filesystem::exists(gz, ignored)) return gz.string();
-  throw DataError(raw.string(), "missing: neither " + raw.string() + " nor " + gz.string() +
-                                    " exists");
+  throw DataError(raw.string(),
+                  "missing: neither " + raw.string() + " nor " + gz.string() + " exists");
 }
 
 }  // namespace chorus::data

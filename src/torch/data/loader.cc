@@ -108,11 +108,11 @@ namespace {
 void check_options(const Dataset* dataset, const DataLoaderOptions& options) {
   if (dataset == nullptr) throw InvalidArgumentError("DataLoader: dataset is null");
   if (options.batch_size < 1 || options.workers < 0 || options.prefetch_factor < 1) {
-    throw InvalidArgumentError("DataLoader: need batch_size >= 1, workers >= 0 and "
-                               "prefetch_factor >= 1; got " +
-                               std::to_string(options.batch_size) + ", " +
-                               std::to_string(options.workers) + " and " +
-                               std::to_string(options.prefetch_factor));
+    throw InvalidArgumentError(
+        "DataLoader: need batch_size >= 1, workers >= 0 and "
+        "prefetch_factor >= 1; got " +
+        std::to_string(options.batch_size) + ", " + std::to_string(options.workers) + " and " +
+        std::to_string(options.prefetch_factor));
   }
 }
 

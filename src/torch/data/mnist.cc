@@ -54,8 +54,8 @@ at::Tensor load_labels(const std::string& path) {
 
 void check_index(int64_t index, int64_t size) {
   if (index < 0 || index >= size) {
-    throw InvalidArgumentError("MnistDataset: index " + std::to_string(index) +
-                               " is outside [0, " + std::to_string(size) + ")");
+    throw InvalidArgumentError("MnistDataset: index " + std::to_string(index) + " is outside [0, " +
+                               std::to_string(size) + ")");
   }
 }
 
@@ -84,7 +84,8 @@ MnistDataset::MnistDataset(at::Tensor images, at::Tensor labels, const MnistOpti
                    images_.scalar_type() == at::kByte;
   bool labels_ok = labels_.dim() == 1 && labels_.scalar_type() == at::kLong;
   if (!images_ok || !labels_ok || images_.size(0) != labels_.size(0)) {
-    throw InvalidArgumentError("MnistDataset: expected images [N,28,28] uint8 and labels [N] int64");
+    throw InvalidArgumentError(
+        "MnistDataset: expected images [N,28,28] uint8 and labels [N] int64");
   }
   if (normalize_ && normalize_->std == 0) {
     throw InvalidArgumentError("MnistDataset: Normalize std is 0 (division by zero)");
@@ -98,8 +99,7 @@ int64_t MnistDataset::size() const { return labels_.size(0); }
 // with float32 tensors), so that the values are bitwise equal to PyTorch's.
 at::Tensor MnistDataset::to_float(const at::Tensor& images) const {
   at::Tensor x = images.to(at::kFloat).div(255);
-  x = layout_ == ImageLayout::kFlat ? x.reshape({images.size(0), kRows * kCols})
-                                    : x.unsqueeze(1);
+  x = layout_ == ImageLayout::kFlat ? x.reshape({images.size(0), kRows * kCols}) : x.unsqueeze(1);
   if (normalize_) {
     x.sub_(at::full({1}, normalize_->mean, at::kFloat));
     x.div_(at::full({1}, normalize_->std, at::kFloat));

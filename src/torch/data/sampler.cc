@@ -11,8 +11,8 @@ namespace {
 const DistributedSamplerOptions& checked(int64_t dataset_size,
                                          const DistributedSamplerOptions& options) {
   if (dataset_size < 0) {
-    throw InvalidArgumentError("DistributedSampler: dataset size " +
-                               std::to_string(dataset_size) + " is negative");
+    throw InvalidArgumentError("DistributedSampler: dataset size " + std::to_string(dataset_size) +
+                               " is negative");
   }
   if (options.num_replicas < 1) {
     throw InvalidArgumentError("DistributedSampler: num_replicas " +
