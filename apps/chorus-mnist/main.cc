@@ -36,6 +36,7 @@ struct Args {
   bool resume = false;
   std::string device = "cpu";
   int64_t max_steps = 0;  // 0: no limit (benchmarks and tests stop early with it)
+  int64_t warmup_steps = 0;  // steps left out of samples_per_second (benchmarks)
   int threads = 0;        // 0: OMP_NUM_THREADS, else 1
 };
 
@@ -89,6 +90,9 @@ int parse(int argc, char** argv, Args& a) {
   app.add_flag("--resume", a.resume, "continue from <checkpoint-dir>/checkpoint.pt if present");
   app.add_option("--device", a.device, "cpu")->check(CLI::IsMember({"cpu"}));
   app.add_option("--max-steps", a.max_steps, "stop after N optimizer steps (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", a.warmup_steps,
+                 "first N steps are not timed in samples_per_second (benchmarks)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (0: OMP_NUM_THREADS or 1)")
       ->check(CLI::NonNegativeNumber);
@@ -209,7 +213,7 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
     lo.workers = a.workers;
     chorus::data::DataLoader loader(train_set, sampler.remaining_indices(), lo);
     int64_t i = sampler.position() / batch;
-    const auto start = Clock::now();
+    auto start = Clock::now();
     while (auto b = loader.next()) {
       torch::Tensor loss =
           torch::nn::functional::cross_entropy(ddp.forward(model, b->data), b->target);
@@ -218,7 +222,11 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
       optimizer.step();
       sampler.advance(b->size());
       ++state.step;
-      trained += b->size() * world;
+      if (state.step <= a.warmup_steps) {
+        start = Clock::now();  // the timed part begins after the warm-up steps
+      } else {
+        trained += b->size() * world;
+      }
       state.sampler_position = sampler.position();
       if (i % a.log_interval == 0) {
         std::printf("loss: %7f [%5lld/%5lld]\n", loss.item<double>(),

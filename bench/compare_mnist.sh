@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# The seed job (MLP 784-512-512-10 on Fashion-MNIST, SGD lr 1e-3, global batch 512) in
+# chorus on 2 ranks and on 1 rank, in PyTorch DDP over gloo on 2 ranks, and as a plain
+# libtorch loop on 1 process, measured in one run on this machine; prints samples/s
+# and the ratios against their targets.
+#
+# Usage: bench/compare_mnist.sh [-n STEPS] [-w WARMUP] [-R REPEATS] [-t TIMEOUT_S]
+#   -n  timed optimizer steps per run                        (default 40)
+#   -w  warm-up steps before them                            (default 5)
+#   -R  runs of the whole set, round robin over the configs;
+#       each config keeps its best samples/s                 (default 2)
+#   -t  deadline of each run, seconds                        (default 600)
+# Every config runs -w + -n steps of global batch 512, one intra-op thread per rank and
+# one data loader worker per rank (chorus-mnist's --workers 1, the seed's num_workers=1,
+# a thread in libtorch, a process in PyTorch). Every program times only the -n steps
+# after the -w warm-up steps. Everything talks over 127.0.0.1.
+# Environment: PLAIN_LIBTORCH_MNIST=path uses that binary instead of building the
+# target plain-libtorch-mnist. Exits non-zero when a config fails or times out.
+set -euo pipefail
+
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
+readonly CONFIGS=(chorus2 pytorch2 chorus1 plain1)
+
+steps=40 warmup=5 repeats=2 timeout_s=600
+
+die() { echo "compare_mnist: $*" >&2; exit 1; }
+
+usage() { sed -n '7,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
+
+parse_args() {
+  local opt
+  while getopts "n:w:R:t:h" opt; do
+    case $opt in
+      n) steps=$OPTARG ;; w) warmup=$OPTARG ;; R) repeats=$OPTARG ;; t) timeout_s=$OPTARG ;;
+      h) usage 0 ;; *) usage 2 ;;
+    esac
+  done
+  local v
+  for v in "$steps" "$warmup" "$repeats" "$timeout_s"; do
+    [[ $v =~ ^[0-9]+$ ]] || { echo "compare_mnist: '$v' is not a number" >&2; exit 2; }
+  done
+  ((steps >= 1 && repeats >= 1 && timeout_s >= 1)) ||
+    { echo "compare_mnist: -n, -R and -t must be >= 1" >&2; exit 2; }
+}
+
+# Installs the Debian packages that are missing (none when all are present).
+ensure_packages() {
+  local missing=() pkg
+  for pkg in python3-torch python3-torchvision dataset-fashion-mnist; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$pkg")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  echo "compare_mnist: installing ${missing[*]}" >&2
+  local sudo=""; ((EUID == 0)) || sudo=sudo
+  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
+}
+
+build_programs() {
+  local targets=(chorus-mnist chorusrun)
+  [[ -n ${PLAIN_LIBTORCH_MNIST:-} ]] || targets+=(plain-libtorch-mnist)
+  [[ -f $ROOT/build/CMakeCache.txt ]] ||
+    timeout 600 cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >&2 ||
+    die "cmake configure failed"
+  timeout 3600 cmake --build "$ROOT/build" -j "$(nproc)" --target "${targets[@]}" >&2 ||
+    die "building ${targets[*]} failed"
+  PLAIN=${PLAIN_LIBTORCH_MNIST:-$ROOT/build/bin/plain-libtorch-mnist}
+  [[ -x $PLAIN ]] || die "no plain-libtorch-mnist at $PLAIN"
+  timeout 300 $PY -c 'import torch.distributed as d, torchvision; assert d.is_available()' ||
+    die "$PY cannot import torch.distributed and torchvision (python3-torch, python3-torchvision)"
+}
+
+free_port() {
+  timeout 60 $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Reports a failed run ($1 = config, $2 = exit status or why, $3 = its log) and exits.
+fail_run() {
+  local why=$2
+  [[ $why =~ ^[0-9]+$ ]] && why="exit status $2"
+  [[ $2 == 124 || $2 == 137 ]] && why="timed out after ${timeout_s} s"
+  echo "compare_mnist: $1 failed ($why); last lines of its output:" >&2
+  tail -n 20 "$3" >&2
+  exit 1
+}
+
+# Appends the JSON line of the run's output ($2) to $WORK/$1.out, or fails the config.
+keep_json() {
+  grep -m1 '^{' "$2" >>"$WORK/$1.out" || fail_run "$1" "printed no JSON line" "$2"
+}
+
+# run_chorus CONFIG RANKS
+run_chorus() {
+  local log=$WORK/$1.log rc=0
+  OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$ROOT/build/bin/chorusrun" --standalone \
+    --local-addr 127.0.0.1 --nproc-per-node "$2" "$ROOT/build/bin/chorus-mnist" \
+    --max-steps $((warmup + steps)) --warmup-steps "$warmup" --threads 1 --workers 1 \
+    >"$log" 2>&1 || rc=$?
+  ((rc == 0)) || fail_run "$1" "$rc" "$log"
+  keep_json "$1" "$log"
+}
+
+run_plain() {
+  local log=$WORK/plain1.log rc=0
+  OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$PLAIN" --max-steps $((warmup + steps)) \
+    --warmup-steps "$warmup" --threads 1 --workers 1 >"$log" 2>&1 || rc=$?
+  ((rc == 0)) || fail_run plain1 "$rc" "$log"
+  keep_json plain1 "$log"
+}
+
+# One python process per rank; when one fails the others are stopped.
+run_pytorch() {
+  local ranks=2 port rank pids=() remaining pid rc=0 done_pid log=$WORK/pytorch2.log
+  port=$(free_port)
+  : >"$log"
+  for ((rank = 0; rank < ranks; rank++)); do
+    RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$ranks MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" \
+      $PY "$ROOT/bench/pytorch_ddp_mnist.py" --max-steps $((warmup + steps)) \
+      --warmup-steps "$warmup" --threads 1 --workers 1 >>"$log" 2>&1 &
+    pids+=($!)
+  done
+  while ((${#pids[@]} > 0)); do
+    wait -n -p done_pid "${pids[@]}" || rc=$?
+    remaining=()
+    for pid in "${pids[@]}"; do [[ $pid == "$done_pid" ]] || remaining+=("$pid"); done
+    pids=("${remaining[@]}")
+    if ((rc != 0)); then
+      ((${#pids[@]} == 0)) || kill "${pids[@]}" 2>/dev/null || true
+      wait "${pids[@]}" 2>/dev/null || true
+      fail_run pytorch2 "$rc" "$log"
+    fi
+  done
+  keep_json pytorch2 "$log"
+}
+
+run_all() {
+  local run config
+  for ((run = 1; run <= repeats; run++)); do
+    for config in "${CONFIGS[@]}"; do
+      echo "compare_mnist: running $config ($run/$repeats)" >&2
+      case $config in
+        chorus2) run_chorus chorus2 2 ;; chorus1) run_chorus chorus1 1 ;;
+        pytorch2) run_pytorch ;; plain1) run_plain ;;
+      esac
+    done
+  done
+}
+
+print_table() {
+  $PY - "$WORK" "$steps" "$warmup" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+import json, sys
+work, steps, warmup, load_before, load_after = sys.argv[1:]
+names = {"chorus2": "chorus, 2 ranks", "chorus1": "chorus, 1 rank",
+         "pytorch2": "PyTorch DDP gloo, 2 ranks", "plain1": "plain libtorch, 1 process"}
+runs = {c: [json.loads(l)["samples_per_second"] for l in open(f"{work}/{c}.out")] for c in names}
+best = {c: max(v) for c, v in runs.items()}
+print(f"# seed job, global batch 512, {warmup} warm-up + {steps} timed steps per run, "
+      "1 thread per rank; best of the runs")
+print(f"# load average (1/5/15 min) before: {load_before}, after: {load_after}")
+print(f"{'config':<28}{'samples/s':>11}  all runs")
+for c, n in names.items():
+    print(f"{n:<28}{best[c]:>11.1f}  " + " ".join(f"{x:.1f}" for x in runs[c]))
+print()
+print(f"{'ratio':<28}{'value':>11}{'target':>9}")
+for a, b, target in (("chorus2", "pytorch2", 2.0), ("chorus2", "chorus1", 1.8),
+                     ("chorus1", "plain1", 0.95)):
+    r = best[a] / best[b]
+    print(f"{a + '/' + b:<28}{r:>11.2f}{'>= ' + str(target):>9}  {'met' if r >= target else 'MISSED'}")
+EOF
+}
+
+main() {
+  parse_args "$@"
+  ensure_packages
+  WORK=$(mktemp -d /tmp/compare_mnist.XXXXXX)
+  trap 'rm -rf "$WORK"' EXIT
+  build_programs
+  LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+  run_all
+  print_table
+}
+
+main "$@"

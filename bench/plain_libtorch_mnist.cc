@@ -1,0 +1,169 @@
+// plain-libtorch-mnist: chorus-mnist's job (MLP 784-512-512-10 on Fashion-MNIST, SGD,
+// batch 512, DistributedSampler order for one replica) as a plain libtorch loop on one
+// process, with no communication at all: the baseline that 1-rank chorus-mnist is
+// compared with by bench/compare_mnist.sh.
+//
+// Prints chorus-mnist's JSON line. --max-steps counts every optimizer step, as in
+// chorus-mnist; the first --warmup-steps of them are not timed, and samples_per_second
+// is over the timed steps only.
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "chorus/torch/data.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int64_t epochs = 5;
+  int64_t batch_size = 512;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  int64_t workers = 1;  // chorus-mnist's default
+  int64_t max_steps = 0;
+  int64_t warmup_steps = 0;
+  int threads = 0;
+};
+
+// chorus-mnist's Mlp: the same layers, created in the same order, so that
+// torch::manual_seed gives the same initial weights.
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    torch::nn::Linear fc1(784, 512);
+    torch::nn::Linear fc2(512, 512);
+    torch::nn::Linear fc3(512, 10);
+    stack = register_module("linear_relu_stack",
+                            torch::nn::Sequential(fc1, torch::nn::ReLU(), fc2, torch::nn::ReLU(), fc3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return stack->forward(x.flatten(1)); }
+  torch::nn::Sequential stack{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app{"plain-libtorch-mnist: chorus-mnist's job as a plain libtorch loop (no communication)"};
+  app.add_option("--data-dir", a.data_dir, "directory of the Fashion-MNIST IDX files");
+  app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--lr", a.lr, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--seed", a.seed, "torch::manual_seed and the sampler's seed");
+  app.add_option("--workers", a.workers, "data loader threads (0: load on the training thread)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-steps", a.max_steps, "stop after N optimizer steps, warm-up included (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", a.warmup_steps, "the first N steps are not timed")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads, "intra-op threads (0: OMP_NUM_THREADS or 1)")
+      ->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? -1 : 2;
+  }
+  if (a.max_steps > 0 && a.warmup_steps >= a.max_steps) {
+    std::fprintf(stderr, "plain-libtorch-mnist: --warmup-steps must be below --max-steps\n");
+    return 2;
+  }
+  return 0;
+}
+
+std::shared_ptr<const chorus::data::MnistDataset> load_split(const Args& a, chorus::data::Split split) {
+  chorus::data::MnistOptions o;
+  o.directory = a.data_dir;
+  o.split = split;
+  o.layout = chorus::data::ImageLayout::kFlat;
+  return chorus::data::MnistDataset::load(o);
+}
+
+std::pair<double, double> evaluate(Mlp& model, std::shared_ptr<const chorus::data::MnistDataset> test) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  chorus::data::DataLoaderOptions lo;
+  lo.batch_size = 1000;
+  chorus::data::DataLoader loader(test, lo);
+  double loss = 0, correct = 0;
+  int64_t batches = 0;
+  while (auto b = loader.next()) {
+    torch::Tensor out = model->forward(b->data);
+    loss += torch::nn::functional::cross_entropy(out, b->target).item<double>();
+    correct += out.argmax(1).eq(b->target).sum().item<double>();
+    ++batches;
+  }
+  model->train();
+  return {correct / static_cast<double>(test->size()), loss / static_cast<double>(batches)};
+}
+
+int train(const Args& a) {
+  auto train_set = load_split(a, chorus::data::Split::kTrain);
+  auto test_set = load_split(a, chorus::data::Split::kTest);
+  torch::manual_seed(a.seed);
+  Mlp model;
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(a.lr));
+  chorus::data::DistributedSamplerOptions so;  // one replica, rank 0
+  so.seed = a.seed;
+  chorus::data::DistributedSampler sampler(train_set->size(), so);
+
+  int64_t step = 0, timed_samples = 0;
+  double train_seconds = 0;
+  const auto wall_start = Clock::now();
+  bool stop = false;
+  for (int64_t epoch = 0; epoch < a.epochs && !stop; ++epoch) {
+    sampler.set_epoch(epoch);
+    chorus::data::DataLoaderOptions lo;
+    lo.batch_size = a.batch_size;
+    lo.drop_last = true;
+    lo.workers = a.workers;
+    chorus::data::DataLoader loader(train_set, sampler.epoch_indices(), lo);
+    auto start = Clock::now();  // of the timed part of this epoch
+    while (auto b = loader.next()) {
+      torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(b->data), b->target);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+      ++step;
+      if (step <= a.warmup_steps) {
+        start = Clock::now();
+      } else {
+        timed_samples += b->size();
+      }
+      if (a.max_steps > 0 && step >= a.max_steps) {
+        stop = true;
+        break;
+      }
+    }
+    if (step > a.warmup_steps) train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  const auto [accuracy, test_loss] = evaluate(model, test_set);
+  nlohmann::json j = {{"epochs", a.epochs},
+                      {"ranks", 1},
+                      {"steps", step},
+                      {"warmup_steps", a.warmup_steps},
+                      {"samples_per_second", train_seconds > 0 ? timed_samples / train_seconds : 0.0},
+                      {"train_seconds", train_seconds},
+                      {"wall_time_s", std::chrono::duration<double>(Clock::now() - wall_start).count()},
+                      {"test_accuracy", accuracy},
+                      {"test_loss", test_loss}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
+  try {
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    torch::set_num_threads(a.threads > 0 ? a.threads : (omp ? std::max(1, std::atoi(omp)) : 1));
+    return train(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "plain-libtorch-mnist: %s\n", e.what());
+    return 1;
+  }
+}
