@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chorus/torch/data.h"
+#include "models.h"  // apps/chorus-mnist/models.h
 
 namespace {
 
@@ -31,20 +32,8 @@ struct Args {
   int threads = 0;
 };
 
-// chorus-mnist's Mlp: the same layers, created in the same order, so that
-// torch::manual_seed gives the same initial weights.
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() {
-    torch::nn::Linear fc1(784, 512);
-    torch::nn::Linear fc2(512, 512);
-    torch::nn::Linear fc3(512, 10);
-    stack = register_module("linear_relu_stack",
-                            torch::nn::Sequential(fc1, torch::nn::ReLU(), fc2, torch::nn::ReLU(), fc3));
-  }
-  torch::Tensor forward(torch::Tensor x) { return stack->forward(x.flatten(1)); }
-  torch::nn::Sequential stack{nullptr};
-};
-TORCH_MODULE(Mlp);
+// chorus-mnist's model, from the same header.
+using chorus::mnist::Mlp;
 
 int parse(int argc, char** argv, Args& a) {
   CLI::App app{"plain-libtorch-mnist: chorus-mnist's job as a plain libtorch loop (no communication)"};
