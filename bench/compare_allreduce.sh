@@ -65,18 +65,10 @@ parse_args() {
   ((min_bytes >= 4 && min_bytes <= max_bytes)) || { echo "compare_allreduce: need 4 <= -b <= -e" >&2; exit 2; }
 }
 
-# Installs the Debian packages that are missing (none when all are present).
+# Installs the Debian packages that are missing (none when all are present), with the
+# project's own installer.
 ensure_packages() {
-  local missing=() pkg
-  for pkg in openmpi-bin libopenmpi-dev python3-torch; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
-      missing+=("$pkg")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  echo "compare_allreduce: installing ${missing[*]}" >&2
-  local sudo=""; ((EUID == 0)) || sudo=sudo
-  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
+  "$ROOT/scripts/install-deps.sh" openmpi-bin libopenmpi-dev python3-torch || die "installing the benchmark's packages failed"
 }
 
 build_programs() {

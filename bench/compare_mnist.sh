@@ -44,18 +44,10 @@ parse_args() {
     { echo "compare_mnist: -n, -R and -t must be >= 1" >&2; exit 2; }
 }
 
-# Installs the Debian packages that are missing (none when all are present).
+# Installs the Debian packages that are missing (none when all are present), with the
+# project's own installer.
 ensure_packages() {
-  local missing=() pkg
-  for pkg in python3-torch python3-torchvision dataset-fashion-mnist; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
-      missing+=("$pkg")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  echo "compare_mnist: installing ${missing[*]}" >&2
-  local sudo=""; ((EUID == 0)) || sudo=sudo
-  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
+  "$ROOT/scripts/install-deps.sh" python3-torch python3-torchvision dataset-fashion-mnist || die "installing the benchmark's packages failed"
 }
 
 build_programs() {
