@@ -10,8 +10,8 @@
 #   -R  runs of the whole set, round robin over the configs;
 #       each config keeps its best samples/s                 (default 2)
 #   -t  deadline of each run, seconds                        (default 600)
-# Every config runs -w + -n steps of global batch 512, one intra-op thread per rank and
-# one data loader worker per rank (chorus-mnist's --workers 1, the seed's num_workers=1,
+# Every config runs -w + -n steps of global batch 512, one intra-op thread per rank (and
+# one OpenBLAS thread: all four compute on the same libtorch and BLAS) and one data loader worker per rank (chorus-mnist's --workers 1, the seed's num_workers=1,
 # a thread in libtorch, a process in PyTorch). Every program times only the -n steps
 # after the -w warm-up steps. Everything talks over 127.0.0.1.
 # Environment: PLAIN_LIBTORCH_MNIST=path uses that binary instead of building the
@@ -86,7 +86,7 @@ keep_json() {
 # run_chorus CONFIG RANKS
 run_chorus() {
   local log=$WORK/$1.log rc=0
-  OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$ROOT/build/bin/chorusrun" --standalone \
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$ROOT/build/bin/chorusrun" --standalone \
     --local-addr 127.0.0.1 --nproc-per-node "$2" "$ROOT/build/bin/chorus-mnist" \
     --max-steps $((warmup + steps)) --warmup-steps "$warmup" --threads 1 --workers 1 \
     >"$log" 2>&1 || rc=$?
@@ -96,7 +96,7 @@ run_chorus() {
 
 run_plain() {
   local log=$WORK/plain1.log rc=0
-  OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$PLAIN" --max-steps $((warmup + steps)) \
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$PLAIN" --max-steps $((warmup + steps)) \
     --warmup-steps "$warmup" --threads 1 --workers 1 >"$log" 2>&1 || rc=$?
   ((rc == 0)) || fail_run plain1 "$rc" "$log"
   keep_json plain1 "$log"
@@ -109,7 +109,7 @@ run_pytorch() {
   : >"$log"
   for ((rank = 0; rank < ranks; rank++)); do
     RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$ranks MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" \
+      GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" \
       $PY "$ROOT/bench/pytorch_ddp_mnist.py" --max-steps $((warmup + steps)) \
       --warmup-steps "$warmup" --threads 1 --workers 1 >>"$log" 2>&1 &
     pids+=($!)

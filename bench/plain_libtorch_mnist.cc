@@ -148,8 +148,7 @@ int main(int argc, char** argv) {
   Args a;
   if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
   try {
-    const char* omp = std::getenv("OMP_NUM_THREADS");
-    torch::set_num_threads(a.threads > 0 ? a.threads : (omp ? std::max(1, std::atoi(omp)) : 1));
+    chorus::mnist::set_compute_threads(a.threads);
     return train(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "plain-libtorch-mnist: %s\n", e.what());

@@ -253,8 +253,7 @@ int main(int argc, char** argv) {
   Args a;
   if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
   try {
-    const char* omp = std::getenv("OMP_NUM_THREADS");
-    torch::set_num_threads(a.threads > 0 ? a.threads : (omp ? std::max(1, std::atoi(omp)) : 1));
+    chorus::mnist::set_compute_threads(a.threads);
     auto group = ProcessGroup::from_env();
     // As in seed 000: the seed is set before the model is built, so every rank builds
     // the same initial weights (DDP's broadcast from rank 0 then changes nothing).

@@ -2,9 +2,29 @@
 // that both train exactly the same network.
 #pragma once
 
+#include <dlfcn.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace chorus::mnist {
+
+// Sets the threads of one rank's compute: libtorch's intra-op pool and, when libtorch
+// runs on OpenBLAS (Debian's libtorch takes whichever libblas.so.3 the system selects),
+// OpenBLAS's own pool, which libtorch does not size. `requested` 0 means
+// OMP_NUM_THREADS, or 1 when that is unset. Returns the count set.
+inline int set_compute_threads(int requested) {
+  int n = requested;
+  if (n <= 0) {
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    n = omp ? std::max(1, std::atoi(omp)) : 1;
+  }
+  torch::set_num_threads(n);
+  using SetThreads = void (*)(int);
+  if (auto* set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(n);
+  return n;
+}
 
 // NeuralNetwork of seed 000: Flatten, then Linear/ReLU/Linear/ReLU/Linear. Layers are
 // created in the same order as in PyTorch, so torch::manual_seed gives the same weights.
