@@ -70,6 +70,18 @@ milliseconds parse_duration(const std::string& name, const std::string& value, m
   return milliseconds(static_cast<int64_t>(n * scale_ms + 0.5));
 }
 
+std::string cost_model() { return get_env("CHORUS_COST_MODEL").value_or(""); }
+
+std::string node_id() { return get_env("CHORUS_NODE_ID").value_or(""); }
+
+std::string transport() {
+  std::string t = get_env("CHORUS_TRANSPORT").value_or("auto");
+  if (t != "auto" && t != "tcp" && t != "shm") {
+    throw ConfigError("CHORUS_TRANSPORT='" + t + "' is not one of auto, tcp, shm");
+  }
+  return t;
+}
+
 milliseconds op_timeout() {
   return duration_setting("CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", std::chrono::minutes(30));
 }
@@ -145,5 +157,7 @@ int log_level() {
   if (*v == "debug") return 3;
   throw ConfigError("CHORUS_LOG_LEVEL='" + *v + "' is not one of error, warn, info, debug");
 }
+
+std::string reduce_isa() { return get_env("CHORUS_REDUCE_ISA").value_or("auto"); }
 
 }  // namespace chorus::settings

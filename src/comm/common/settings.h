@@ -35,8 +35,23 @@ bool store_hosted();
 // CHORUS_RESTART_COUNT: how often a launcher restarted the job (0 when unset). A
 // restarted job keeps its store, so communicators of each attempt use their own keys.
 int restart_count();
+// CHORUS_NODE_ID: overrides the node identity (hostname and boot id) that decides
+// which ranks share a node and so shared memory; tests simulate nodes with it. Empty
+// when unset.
+std::string node_id();
+// CHORUS_TRANSPORT: auto (shared memory between ranks of a node, tcp across nodes) |
+// tcp (tcp everywhere) | shm (like auto, but an error when shared memory cannot be
+// set up). Default auto.
+std::string transport();
+// CHORUS_COST_MODEL: parameters of the algorithm cost model (cost_model.h), e.g.
+// "tcp_alpha_us=20,tcp_gbps=10"; empty when unset.
+std::string cost_model();
 // CHORUS_LOG_LEVEL: error | warn | info | debug, default warn.
 int log_level();
+// CHORUS_REDUCE_ISA: auto | portable | avx2 | avx512, default auto: the instruction
+// set of the reduction kernels. Returned as set; reduce.cc checks it once and, because
+// it reads it on a progress thread, logs a bad value instead of throwing.
+std::string reduce_isa();
 
 // Helpers shared by the accessors, exposed for tests.
 std::chrono::milliseconds parse_duration(const std::string& name, const std::string& value,

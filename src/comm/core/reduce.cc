@@ -1,8 +1,15 @@
 #include "comm/core/reduce.h"
 
-#include <algorithm>
 #include <cstring>
-#include <type_traits>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "chorus/error.h"
+#include "comm/common/logging.h"
+#include "comm/common/settings.h"
+#include "comm/core/reduce_kernels.h"
 
 namespace chorus {
 
@@ -70,65 +77,43 @@ uint16_t float_to_bfloat16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+using reduce_internal::nan_from;
+using reduce_internal::NanFrom;
+
 namespace {
 
-struct Sum {
-  template <class T> static T apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) {
-      using U = std::make_unsigned_t<T>;
-      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-    } else {
-      return a + b;
-    }
-  }
+// The element adapters of the reference: f16 and bf16 compute in float through the
+// conversions above, the others as themselves.
+struct Half {
+  using Elem = uint16_t;
+  static constexpr NanFrom kNanFrom = nan_from(DataType::kFloat16);
+  static float load(uint16_t h) { return half_to_float(h); }
+  static uint16_t store(float f) { return float_to_half(f); }
 };
-struct Prod {
-  template <class T> static T apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) {
-      using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-    } else {
-      return a * b;
-    }
-  }
-};
-struct Min {
-  template <class T> static T apply(T a, T b) { return b < a ? b : a; }
-};
-struct Max {
-  template <class T> static T apply(T a, T b) { return a < b ? b : a; }
+struct BFloat {
+  using Elem = uint16_t;
+  static constexpr NanFrom kNanFrom = nan_from(DataType::kBFloat16);
+  static float load(uint16_t b) { return bfloat16_to_float(b); }
+  static uint16_t store(float f) { return float_to_bfloat16(f); }
 };
 
-template <class T, class Op>
-void reduce_native(void* out, const void* a, const void* b, size_t n) {
-  T* o = static_cast<T*>(out);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = Op::apply(x[i], y[i]);
-}
-
-template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), class Op>
-void reduce_16(void* out, const void* a, const void* b, size_t n) {
-  uint16_t* o = static_cast<uint16_t*>(out);
-  const uint16_t* x = static_cast<const uint16_t*>(a);
-  const uint16_t* y = static_cast<const uint16_t*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = FromF(Op::apply(ToF(x[i]), ToF(y[i])));
-}
-
-template <class Op>
-ReduceFn pick(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32: return reduce_native<float, Op>;
-    case DataType::kFloat64: return reduce_native<double, Op>;
-    case DataType::kFloat16: return reduce_16<half_to_float, float_to_half, Op>;
-    case DataType::kBFloat16: return reduce_16<bfloat16_to_float, float_to_bfloat16, Op>;
-    case DataType::kInt8: return reduce_native<int8_t, Op>;
-    case DataType::kUInt8: return reduce_native<uint8_t, Op>;
-    case DataType::kInt32: return reduce_native<int32_t, Op>;
-    case DataType::kInt64: return reduce_native<int64_t, Op>;
+struct Reference {
+  using F32 = reduce_internal::Native<float>;
+  using F64 = reduce_internal::Native<double>;
+  using F16 = Half;
+  using BF16 = BFloat;
+  using I8 = reduce_internal::Native<int8_t>;
+  using U8 = reduce_internal::Native<uint8_t>;
+  using I32 = reduce_internal::Native<int32_t>;
+  using I64 = reduce_internal::Native<int64_t>;
+  using Sum = reduce_internal::ScalarSum;
+  using Prod = reduce_internal::ScalarProd;
+  using Min = reduce_internal::ScalarMin;
+  using Max = reduce_internal::ScalarMax;
+  template <class Type, class Op> static ReduceFn kernel() {
+    return reduce_internal::scalar_reduce<Type, Op>;
   }
-  return nullptr;
-}
+};
 
 template <class T>
 void divide_native(void* buf, size_t n, int d) {
@@ -144,17 +129,6 @@ void divide_16(void* buf, size_t n, int d) {
 
 }  // namespace
 
-ReduceFn reduce_function(DataType dtype, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return pick<Sum>(dtype);
-    case ReduceOp::kProd: return pick<Prod>(dtype);
-    case ReduceOp::kMin: return pick<Min>(dtype);
-    case ReduceOp::kMax: return pick<Max>(dtype);
-  }
-  return nullptr;
-}
-
 void finish_avg(void* buf, size_t count, DataType dtype, int divisor) {
   switch (dtype) {
     case DataType::kFloat32: return divide_native<float>(buf, count, divisor);
@@ -167,6 +141,105 @@ void finish_avg(void* buf, size_t count, DataType dtype, int divisor) {
     case DataType::kInt32: return divide_native<int32_t>(buf, count, divisor);
     case DataType::kInt64: return divide_native<int64_t>(buf, count, divisor);
   }
+}
+
+// ----- instruction sets -----
+
+const char* reduce_isa_name(ReduceIsa isa) {
+  switch (isa) {
+    case ReduceIsa::kPortable: return "portable";
+    case ReduceIsa::kAvx2: return "avx2";
+    case ReduceIsa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+namespace {
+
+#if defined(__x86_64__)
+// F16C (CPUID leaf 1, ECX bit 29), asked of CPUID itself: not every compiler's
+// __builtin_cpu_supports knows the name. The AVX2 check covers the OS side (YMM state).
+bool cpu_has_f16c() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
+}  // namespace
+
+bool reduce_isa_supported(ReduceIsa isa) {
+  switch (isa) {
+    case ReduceIsa::kPortable: return true;
+#if defined(__x86_64__)
+    // __builtin_cpu_supports also checks that the OS saves the vector registers.
+    case ReduceIsa::kAvx2:
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx2") && cpu_has_f16c();
+    case ReduceIsa::kAvx512:
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+    case ReduceIsa::kAvx2:
+    case ReduceIsa::kAvx512: return false;
+#endif
+  }
+  return false;
+}
+
+namespace {
+
+ReduceIsa best_supported_isa() {
+  ReduceIsa best = ReduceIsa::kPortable;
+  for (ReduceIsa isa : kAllReduceIsas) {
+    if (reduce_isa_supported(isa)) best = isa;
+  }
+  return best;
+}
+
+}  // namespace
+
+ReduceIsa resolve_reduce_isa(const std::string& requested) {
+  ReduceIsa best = best_supported_isa();
+  if (requested == "auto") return best;
+  for (ReduceIsa isa : kAllReduceIsas) {
+    if (requested != reduce_isa_name(isa)) continue;
+    if (reduce_isa_supported(isa)) return isa;
+    CHORUS_LOG(kWarn, "CHORUS_REDUCE_ISA=" << requested << ": this CPU does not support it; using "
+                                           << reduce_isa_name(best));
+    return best;
+  }
+  CHORUS_LOG(kError, "CHORUS_REDUCE_ISA='" << requested
+                                           << "' is not one of auto, portable, avx2, avx512; using "
+                                           << reduce_isa_name(best));
+  return best;
+}
+
+// The CPU and the environment do not change while a process runs: decide once, and log
+// a fallback once rather than on every collective.
+ReduceIsa reduce_isa() {
+  static const ReduceIsa isa = resolve_reduce_isa(settings::reduce_isa());
+  return isa;
+}
+
+ReduceFn reduce_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
+  if (!reduce_isa_supported(isa)) {
+    throw InvalidArgumentError(std::string("reduction kernels: this CPU does not support ") +
+                               reduce_isa_name(isa));
+  }
+  switch (isa) {
+    case ReduceIsa::kPortable: return reduce_internal::portable_kernel(dtype, op);
+    case ReduceIsa::kAvx2: return reduce_internal::avx2_kernel(dtype, op);
+    case ReduceIsa::kAvx512: return reduce_internal::avx512_kernel(dtype, op);
+  }
+  return nullptr;
+}
+
+ReduceFn reduce_function(DataType dtype, ReduceOp op) {
+  return reduce_function(dtype, op, reduce_isa());
+}
+
+ReduceFn reference_reduce_function(DataType dtype, ReduceOp op) {
+  return reduce_internal::select_kernel<Reference>(dtype, op);
 }
 
 }  // namespace chorus

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "chorus/types.h"
 
@@ -11,12 +12,58 @@ namespace chorus {
 // out[i] = a[i] (op) b[i] for i < count. `out` may alias `a` or `b` exactly.
 // kAvg reduces as kSum; finish_avg() divides at the end. Integer sums and products
 // wrap around (two's complement) instead of being undefined. f16/bf16 compute in
-// float32 and round to nearest even once per element.
+// float32 and round to nearest even once per element. min and max keep `a` when the
+// comparison is false (a NaN on either side, +0 against -0). A sum or product of two
+// NaNs is one of them, quieted: b's for f32, f64 and bf16, a's for f16 (see nan_from()
+// in reduce_kernels.h for why).
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t count);
 
+// The kernel of the instruction set reduce_isa() chose.
 ReduceFn reduce_function(DataType dtype, ReduceOp op);
 
 // buf[i] /= divisor (integers truncate toward zero). For kAvg.
 void finish_avg(void* buf, size_t count, DataType dtype, int divisor);
+
+// ----- instruction sets -----
+//
+// Every instruction set gives results bitwise equal to the scalar reference kernels
+// below, for every input (NaN payloads, signed zeros, infinities, subnormals, integer
+// wrap-around included), in the default floating-point environment (round to nearest,
+// no flush-to-zero), which chorus never changes.
+
+// The kernel families, in order of preference.
+enum class ReduceIsa : uint8_t {
+  kPortable,  // plain loops the compiler vectorizes for the baseline target
+  kAvx2,      // x86-64 AVX2 with F16C
+  kAvx512,    // x86-64 AVX-512 F and BW
+};
+
+inline constexpr ReduceIsa kAllReduceIsas[] = {ReduceIsa::kPortable, ReduceIsa::kAvx2,
+                                               ReduceIsa::kAvx512};
+
+// "portable", "avx2", "avx512".
+const char* reduce_isa_name(ReduceIsa isa);
+
+// Whether this CPU (and its operating system) can run the kernels of `isa`.
+bool reduce_isa_supported(ReduceIsa isa);
+
+// The instruction set that `requested` ("auto", "portable", "avx2", "avx512") names on
+// this CPU: "auto" is the best supported one; an unsupported one falls back to the best
+// supported one and logs a warning; an unknown name logs an error and means "auto".
+// Exposed for tests; reduce_isa() applies it to CHORUS_REDUCE_ISA.
+ReduceIsa resolve_reduce_isa(const std::string& requested);
+
+// The instruction set of reduce_function(dtype, op): CHORUS_REDUCE_ISA resolved as
+// above, decided once per process (the first call reads the variable and logs).
+ReduceIsa reduce_isa();
+
+// The kernel of `isa`, for tests and benchmarks that compare instruction sets. Throws
+// InvalidArgumentError when reduce_isa_supported(isa) is false.
+ReduceFn reduce_function(DataType dtype, ReduceOp op, ReduceIsa isa);
+
+// The scalar kernels, written one element at a time with chorus's conversions: the
+// definition every instruction set must match bit for bit. (The compiler may still
+// vectorize their loops; that changes no result.)
+ReduceFn reference_reduce_function(DataType dtype, ReduceOp op);
 
 }  // namespace chorus

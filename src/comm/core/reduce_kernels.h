@@ -1,0 +1,209 @@
+// Internals of the reduction kernels behind reduce.h: the scalar operators and loop
+// shared by the reference and the portable kernels, the portable conversions, and the
+// kernel table of each instruction set (reduce_portable.cc, reduce_avx2.cc,
+// reduce_avx512.cc). Only those files, reduce.cc and tests include this header.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "comm/core/reduce.h"
+
+namespace chorus::reduce_internal {
+
+// ----- kernel tables -----
+
+// Each returns the kernel of (dtype, op) built for its instruction set; kAvg is kSum.
+// The x86 ones return nullptr where the library was not built for x86-64; none checks
+// that the CPU can run what it returns (reduce.cc does).
+ReduceFn portable_kernel(DataType dtype, ReduceOp op);
+ReduceFn avx2_kernel(DataType dtype, ReduceOp op);
+ReduceFn avx512_kernel(DataType dtype, ReduceOp op);
+
+// The table of one instruction set, written once for all of them. `Isa` names its
+// element adapters (F32 ... I64) and operators (Sum ... Max), and makes the kernel of
+// an adapter and an operator with Isa::kernel<Type, Op>().
+template <class Isa, class Op>
+ReduceFn select_for_dtype(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return Isa::template kernel<typename Isa::F32, Op>();
+    case DataType::kFloat64: return Isa::template kernel<typename Isa::F64, Op>();
+    case DataType::kFloat16: return Isa::template kernel<typename Isa::F16, Op>();
+    case DataType::kBFloat16: return Isa::template kernel<typename Isa::BF16, Op>();
+    case DataType::kInt8: return Isa::template kernel<typename Isa::I8, Op>();
+    case DataType::kUInt8: return Isa::template kernel<typename Isa::U8, Op>();
+    case DataType::kInt32: return Isa::template kernel<typename Isa::I32, Op>();
+    case DataType::kInt64: return Isa::template kernel<typename Isa::I64, Op>();
+  }
+  return nullptr;
+}
+
+template <class Isa>
+ReduceFn select_kernel(DataType dtype, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return select_for_dtype<Isa, typename Isa::Sum>(dtype);
+    case ReduceOp::kProd: return select_for_dtype<Isa, typename Isa::Prod>(dtype);
+    case ReduceOp::kMin: return select_for_dtype<Isa, typename Isa::Min>(dtype);
+    case ReduceOp::kMax: return select_for_dtype<Isa, typename Isa::Max>(dtype);
+  }
+  return nullptr;
+}
+
+// ----- NaN payloads -----
+
+// Which NaN a sum or product of two NaNs returns (quieted). The hardware returns one of
+// the two, but which one follows the operand order the compiler happens to pick, so
+// the scalar code before the vector kernels left it to the compiler: the release build
+// (GCC 12, -O3) gave b's for f32 and f64, a's for f16, and for bf16 b's in its
+// auto-vectorized loop body but a's in the scalar remainder of the same loop; -O0,
+// sanitizers or -march=native chose differently again. Every kernel, the reference
+// included, now pins the release build's choice per dtype (b's for bf16, as for most of
+// its elements), so that all instruction sets agree bit for bit. A NaN made from
+// numbers (inf - inf) is the hardware's default NaN in every kernel.
+enum class NanFrom { kA, kB };
+
+constexpr NanFrom nan_from(DataType dtype) {
+  return dtype == DataType::kFloat16 ? NanFrom::kA : NanFrom::kB;
+}
+
+// c ? a : b through a mask. A conditional expression lets GCC sink the float arithmetic
+// of the unselected case into a branch, which it then may not vectorize (the
+// arithmetic could trap under -ftrapping-math).
+template <class U>
+U select_bits(bool c, U a, U b) {
+  U mask = U{0} - static_cast<U>(c);
+  return (a & mask) | (b & ~mask);
+}
+
+// `chosen` quieted (the top mantissa bit set, as the hardware quiets) when it is a NaN,
+// else `result`.
+template <class T>
+T keep_nan(T chosen, T result) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr U kQuiet = U{1} << (std::numeric_limits<T>::digits - 2);
+  U quiet = std::bit_cast<U>(chosen) | kQuiet;
+  return std::bit_cast<T>(select_bits(chosen != chosen, quiet, std::bit_cast<U>(result)));
+}
+
+// ----- scalar operators and loop (reference and portable kernels) -----
+
+// Integers compute in unsigned types so that overflow wraps instead of being undefined.
+struct ScalarSum {
+  static constexpr bool kArithmetic = true;  // NaN payloads need pinning
+  template <class T> static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      return a + b;
+    }
+  }
+};
+// Narrow types multiply as unsigned int: uint8_t or uint16_t would promote to (signed)
+// int, whose overflow is undefined.
+struct ScalarProd {
+  static constexpr bool kArithmetic = true;
+  template <class T> static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned,
+                                   std::make_unsigned_t<T>>;
+      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+    } else {
+      return a * b;
+    }
+  }
+};
+// Min and Max keep `a` unless `b` compares strictly smaller (larger): a NaN on either
+// side and equal values (+0 against -0) give `a`. This asymmetry is part of the
+// contract; every instruction set reproduces it. They only select, so NaN payloads
+// need no pinning.
+struct ScalarMin {
+  static constexpr bool kArithmetic = false;
+  template <class T> static T apply(T a, T b) { return b < a ? b : a; }
+};
+struct ScalarMax {
+  static constexpr bool kArithmetic = false;
+  template <class T> static T apply(T a, T b) { return a < b ? b : a; }
+};
+
+// An element type that computes as itself.
+template <class T>
+struct Native {
+  using Elem = T;
+  // f32 or f64 (unused for integers).
+  static constexpr NanFrom kNanFrom =
+      nan_from(sizeof(T) == 8 ? DataType::kFloat64 : DataType::kFloat32);
+  static T load(T v) { return v; }
+  static T store(T v) { return v; }
+};
+
+// out[i] = store(op(load(a[i]), load(b[i]))). Each element is read before its result
+// is written, so `out` may alias `a` or `b` exactly.
+template <class Type, class Op>
+void scalar_reduce(void* out, const void* a, const void* b, size_t n) {
+  using Elem = typename Type::Elem;
+  Elem* o = static_cast<Elem*>(out);
+  const Elem* x = static_cast<const Elem*>(a);
+  const Elem* y = static_cast<const Elem*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    auto u = Type::load(x[i]), v = Type::load(y[i]);
+    auto r = Op::apply(u, v);
+    if constexpr (Op::kArithmetic && std::is_floating_point_v<decltype(r)>) {
+      r = keep_nan(Type::kNanFrom == NanFrom::kA ? u : v, r);
+    }
+    o[i] = Type::store(r);
+  }
+}
+
+// ----- portable conversions -----
+//
+// Branch-free forms of half_to_float, float_to_half and float_to_bfloat16 (every case
+// computed, one selected), which the compiler can vectorize. Bitwise equal to those for
+// every input; reduce_test checks it over all halves and a sweep of floats.
+
+inline float portable_half_to_float(uint16_t h) {
+  uint32_t exp = h & 0x7c00u;
+  uint32_t shifted = static_cast<uint32_t>(h & 0x7fff) << 13;
+  uint32_t normal = shifted + (112u << 23);  // exponent bias 15 -> 127
+  uint32_t special = shifted | 0x7f800000u;  // inf and NaN, payload kept as it is
+  // A subnormal half is mantissa * 2^-24: exact in float, and a normal float.
+  float mantissa = static_cast<float>(static_cast<int32_t>(h & 0x3ff));
+  uint32_t subnormal = std::bit_cast<uint32_t>(mantissa * 0x1p-24f);
+  uint32_t bits = select_bits<uint32_t>(exp == 0x7c00u, special,
+                                       select_bits<uint32_t>(exp == 0, subnormal, normal));
+  return std::bit_cast<float>(bits | (static_cast<uint32_t>(h & 0x8000) << 16));
+}
+
+inline uint16_t portable_float_to_half(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  // Signed compares: abs fits, and they are the ones SSE2 has.
+  int32_t abs = static_cast<int32_t>(x & 0x7fffffffu);
+  uint32_t a = static_cast<uint32_t>(abs);
+  uint32_t normal = (a + 0xfffu + ((a >> 13) & 1) - 0x38000000u) >> 13;  // nearest even
+  // Below 2^-14 the result is a multiple of 2^-24: adding 0.5f (whose unit in the last
+  // place is 2^-24) rounds to it to nearest even, as the integer rounding of
+  // float_to_half does, in the default rounding mode.
+  uint32_t subnormal = std::bit_cast<uint32_t>(std::bit_cast<float>(a) + 0.5f) - 0x3f000000u;
+  uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);  // quiet, upper payload kept
+  uint32_t r = select_bits<uint32_t>(abs < 0x38800000, subnormal, normal);
+  r = select_bits<uint32_t>(abs >= 0x477ff000, 0x7c00u, r);  // overflow, and inf
+  r = select_bits<uint32_t>(abs > 0x7f800000, nan, r);
+  return static_cast<uint16_t>(r | ((x >> 16) & 0x8000u));
+}
+
+inline float portable_bfloat16_to_float(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+inline uint16_t portable_float_to_bfloat16(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1)) >> 16;  // nearest even
+  uint32_t quiet_nan = (x >> 16) | 0x40u;
+  bool nan = static_cast<int32_t>(x & 0x7fffffffu) > 0x7f800000;
+  return static_cast<uint16_t>(select_bits<uint32_t>(nan, quiet_nan, rounded));
+}
+
+}  // namespace chorus::reduce_internal
