@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Allreduce (f32 sum, 2 ranks, TCP over 127.0.0.1) of chorus, Gloo and Open MPI,
-# measured in one run on this machine and printed side by side.
+# Allreduce (f32 sum, local ranks) of chorus, Gloo and Open MPI, measured in one run
+# on this machine and printed side by side.
 #
-# Usage: bench/compare_allreduce.sh [-b MINBYTES] [-e MAXBYTES] [-f FACTOR]
-#            [-n ITERS] [-w WARMUP] [-L LARGE] [-N ITERS_LARGE] [-W WARMUP_LARGE]
-#            [-t TIMEOUT_S] [-R REPEATS]
+# Usage: bench/compare_allreduce.sh [-T tcp|shm] [-p RANKS] [-b MINBYTES] [-e MAXBYTES]
+#            [-f FACTOR] [-n ITERS] [-w WARMUP] [-L LARGE] [-N ITERS_LARGE]
+#            [-W WARMUP_LARGE] [-t TIMEOUT_S] [-R REPEATS]
+#   -T        tcp: chorus and Open MPI over TCP on 127.0.0.1 (btl self,tcp);
+#             shm: both through shared memory (chorus's shm transport, Open MPI's
+#             vader btl). Gloo has only TCP and runs over 127.0.0.1 in both (default tcp)
+#   -p        ranks, all on this machine                 (default 2)
 #   -b/-e/-f  sizes, K/M/G suffixes allowed            (default 8, 256M, 2)
 #   -n/-w     timed and warm-up iterations per size   (default 20, 5)
 #   -L        sizes above this use -N/-W instead       (default 32M)
@@ -23,7 +27,7 @@ set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
-readonly RANKS=2
+RANKS=2 TRANSPORT=tcp
 
 min_bytes=8 max_bytes=256M factor=2 iters=20 warmup=5 large=32M timeout_s=600 repeats=1
 iters_large="" warmup_large=""
@@ -31,7 +35,7 @@ iters_large="" warmup_large=""
 die() { echo "compare_allreduce: $*" >&2; exit 1; }
 
 # Prints the usage lines of the header; exits with $1.
-usage() { sed -n '5,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
+usage() { sed -n '5,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
 
 # Bytes of "N", "NK", "NM" or "NG" (powers of 1024); exits 2 naming the option.
 to_bytes() {
@@ -44,8 +48,9 @@ to_bytes() {
 
 parse_args() {
   local opt
-  while getopts "b:e:f:n:w:L:N:W:t:R:h" opt; do
+  while getopts "T:p:b:e:f:n:w:L:N:W:t:R:h" opt; do
     case $opt in
+      T) TRANSPORT=$OPTARG ;; p) RANKS=$OPTARG ;;
       b) min_bytes=$OPTARG ;; e) max_bytes=$OPTARG ;; f) factor=$OPTARG ;;
       n) iters=$OPTARG ;; w) warmup=$OPTARG ;; L) large=$OPTARG ;;
       N) iters_large=$OPTARG ;; W) warmup_large=$OPTARG ;; t) timeout_s=$OPTARG ;;
@@ -59,6 +64,9 @@ parse_args() {
   timeout_s=$(to_bytes -t "$timeout_s"); repeats=$(to_bytes -R "$repeats")
   iters_large=$(to_bytes -N "${iters_large:-$(( (iters + 3) / 4 ))}")
   warmup_large=$(to_bytes -W "${warmup_large:-$(( (warmup + 4) / 5 ))}")
+  [[ $TRANSPORT == tcp || $TRANSPORT == shm ]] || { echo "compare_allreduce: -T must be tcp or shm" >&2; exit 2; }
+  RANKS=$(to_bytes -p "$RANKS")
+  ((RANKS >= 2)) || { echo "compare_allreduce: -p must be >= 2" >&2; exit 2; }
   ((repeats >= 1)) || { echo "compare_allreduce: -R must be >= 1" >&2; exit 2; }
   ((factor >= 2)) || { echo "compare_allreduce: -f must be >= 2" >&2; exit 2; }
   ((iters >= 1 && iters_large >= 1)) || { echo "compare_allreduce: -n and -N must be >= 1" >&2; exit 2; }
@@ -102,15 +110,17 @@ fail_run() {
 # run_LIB BAND_ARGS... : appends "size time_us wrong" (or JSON) lines to $WORK/LIB.out.
 run_chorus() {
   local rc=0
-  env -u CHORUS_TRANSPORT timeout -k 10 "$timeout_s" "$CHORUS_BENCH" --np "$RANKS" \
+  env -u CHORUS_ALGO -u CHORUS_NODE_ID CHORUS_TRANSPORT="$TRANSPORT" timeout -k 10 "$timeout_s" "$CHORUS_BENCH" --np "$RANKS" \
     -o allreduce -d f32 -r sum -c 1 --json "$@" >>"$WORK/chorus.out" 2>>"$WORK/chorus.log" || rc=$?
   ((rc == 0)) || fail_run chorus "$rc" "$WORK/chorus.log"
 }
 
 run_mpi() {
   local rc=0
+  local btl=(--mca btl self,tcp --mca btl_tcp_if_include lo)
+  [[ $TRANSPORT == shm ]] && btl=(--mca btl self,vader)
   timeout -k 10 "$timeout_s" mpirun --allow-run-as-root --oversubscribe --mca pml ob1 \
-    --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+    "${btl[@]}" --mca oob_tcp_if_include lo \
     -np "$RANKS" "$WORK/mpi_allreduce" "$@" >>"$WORK/mpi.out" 2>>"$WORK/mpi.log" || rc=$?
   ((rc == 0)) || fail_run mpi "$rc" "$WORK/mpi.log"
 }
@@ -161,9 +171,10 @@ run_all() {
 # Joins the three outputs by size and prints the table; exits 1 on missing sizes or
 # wrong results.
 print_table() {
-  $PY - "$WORK" "$RANKS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+  $PY - "$WORK" "$RANKS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$TRANSPORT" <<'EOF'
 import json, sys
 work, ranks, load_before, load_after = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+transport = sys.argv[5]
 libs = ("chorus", "gloo", "mpi")
 
 def rows(lib):
@@ -192,7 +203,9 @@ factor = 2 * (ranks - 1) / ranks
 busbw = lambda size, us: size / (us * 1e3) * factor  # GB/s
 head = ("size", "chorus_us", "gloo_us", "mpi_us", "chorus_bw", "gloo_bw", "mpi_bw",
         "c/gloo_bw", "c/mpi_bw", "c/mpi_lat")
-print(f"# allreduce f32 sum, {ranks} ranks, TCP over 127.0.0.1; time in us (avg per op, "
+where = ("TCP over 127.0.0.1" if transport == "tcp" else
+         "chorus and Open MPI (vader) in shared memory, Gloo over TCP on 127.0.0.1")
+print(f"# allreduce f32 sum, {ranks} ranks, {where}; time in us (avg per op, "
       "max over ranks); busbw in GB/s; ratios chorus/other")
 print("# c/gloo_bw, c/mpi_bw > 1 and c/mpi_lat < 1 (sizes up to 64 KiB) favour chorus")
 print(f"# load average (1/5/15 min) before: {load_before}, after: {load_after}")

@@ -4,7 +4,8 @@
 // prints one row per size (size, count, type, redop, algorithm, time, algbw, busbw,
 // wrong elements), as a table or, with --json, as JSON lines. Ranks come from the
 // environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or --np N starts N local
-// ranks of this same program on 127.0.0.1 and supervises them.
+// ranks of this same program on 127.0.0.1 and supervises them; --nodes K then makes
+// them K simulated nodes (CHORUS_NODE_ID), for the hierarchical algorithms.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -58,7 +59,8 @@ const std::map<std::string, CollectiveInfo> kCollectives = {
 
 const std::map<std::string, Algorithm> kAlgorithms = {
     {"auto", Algorithm::kAuto}, {"ring", Algorithm::kRing},
-    {"rd", Algorithm::kRecursiveDoubling}, {"hd", Algorithm::kHalvingDoubling}};
+    {"rd", Algorithm::kRecursiveDoubling}, {"hd", Algorithm::kHalvingDoubling},
+    {"shm", Algorithm::kShmDirect}, {"hier", Algorithm::kHierarchical}};
 
 struct Options {
   uint64_t min_bytes = 8;
@@ -72,6 +74,7 @@ struct Options {
   bool check = true;
   std::optional<Algorithm> algorithm;  // unset: CHORUS_ALGO or auto
   int np = 0;                          // 0: ranks come from the environment
+  int nodes = 0;                       // --np ranks as this many simulated nodes; 0: none
   int timeout_s = 900;                 // deadline of the whole --np run
   bool json = false;
 };
@@ -111,9 +114,13 @@ Options parse_options(int argc, char** argv) {
   app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1 << 30));
   app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations")->check(CLI::Range(0, 1 << 30));
   app.add_option("-c,--check", check, "verify results (0/1)")->check(CLI::Range(0, 1));
-  app.add_option("-a,--algo", algo, "auto, ring, rd, hd (default: CHORUS_ALGO)")
+  app.add_option("-a,--algo", algo, "auto, ring, rd, hd, shm, hier (default: CHORUS_ALGO)")
       ->check(CLI::IsMember(kAlgorithms));
   app.add_option("--np", o.np, "start N local ranks on 127.0.0.1")->check(CLI::Range(1, 1024));
+  app.add_option("--nodes", o.nodes,
+                 "with --np: split the ranks into K simulated nodes of consecutive ranks "
+                 "(CHORUS_NODE_ID=node<i>)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--timeout", o.timeout_s, "deadline of an --np run, seconds (default 900)")
       ->check(CLI::Range(1, 7 * 24 * 3600));
   app.add_flag("--json", o.json, "print rows as JSON lines");
@@ -124,6 +131,8 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.min_bytes == 0) usage_error("--minbytes must be at least 1");
   if (o.min_bytes > o.max_bytes) usage_error("--minbytes must not exceed --maxbytes");
+  if (o.nodes > 0 && o.np == 0) usage_error("--nodes needs --np");
+  if (o.nodes > o.np) usage_error("--nodes must not exceed --np");
   o.op = *chorus::parse_op(redop);
   o.dtype = *chorus::parse_dtype(dtype);
   o.check = check == 1;
@@ -340,8 +349,9 @@ struct Row {
 
 void print_header(const Bench& b) {
   const Options& o = b.options;
-  std::printf("# chorus-bench %s: %d ranks, iters %d, warmup %d, check %d\n",
-              o.collective.c_str(), b.comm.size(), o.iters, o.warmup, o.check ? 1 : 0);
+  std::printf("# chorus-bench %s: %d ranks on %d node(s), iters %d, warmup %d, check %d\n",
+              o.collective.c_str(), b.comm.size(), b.comm.topology().nodes, o.iters, o.warmup,
+              o.check ? 1 : 0);
   std::printf("#%13s %12s %6s %6s %6s %12s %12s %12s %8s\n", "size(B)", "count", "type",
               "redop", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
 }
@@ -404,20 +414,39 @@ int run_rank(const Options& o) {
 
 // ---------------------------------------------------------------- --np launcher
 
-// argv without "--np N" / "--np=N", for the children.
+// argv without the launcher's options ("--np N", "--nodes K", or with '='), for the
+// children.
 std::vector<std::string> child_args(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--np") ++i;
-    else if (a.rfind("--np=", 0) != 0) args.push_back(a);
+    if (a == "--np" || a == "--nodes") ++i;
+    else if (a.rfind("--np=", 0) != 0 && a.rfind("--nodes=", 0) != 0) args.push_back(a);
   }
   return args;
 }
 
+// Where rank `rank` of `size` runs: its node and its place there. Without --nodes every
+// rank shares this machine's node; with K nodes they are K blocks of consecutive ranks
+// (sizes differ by at most one when K does not divide N).
+struct Placement {
+  int node = -1;  // -1: no simulated node
+  int local_rank = 0, local_size = 1;
+};
+
+Placement place(int rank, int size, int nodes) {
+  if (nodes == 0) return {-1, rank, size};
+  // Node n holds ranks [first(n), first(n + 1)): node_of(r) = floor(r * nodes / size).
+  auto first = [&](int n) { return (n * size + nodes - 1) / nodes; };
+  int node = rank * nodes / size;
+  return {node, rank - first(node), first(node + 1) - first(node)};
+}
+
 // Forks and execs this program as rank `rank`. The launcher has no other thread, so
 // the child may call setenv() between fork and exec.
-pid_t spawn_rank(const std::vector<std::string>& args, int rank, int size, uint16_t port) {
+pid_t spawn_rank(const std::vector<std::string>& args, int rank, int size, int nodes,
+                 uint16_t port) {
+  const Placement where = place(rank, size, nodes);
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -428,9 +457,10 @@ pid_t spawn_rank(const std::vector<std::string>& args, int rank, int size, uint1
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // no rank outlives the launcher
   if (getppid() != parent) _exit(1);
   setenv("RANK", std::to_string(rank).c_str(), 1);
-  setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(where.local_rank).c_str(), 1);
   setenv("WORLD_SIZE", std::to_string(size).c_str(), 1);
-  setenv("LOCAL_WORLD_SIZE", std::to_string(size).c_str(), 1);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(where.local_size).c_str(), 1);
+  if (where.node >= 0) setenv("CHORUS_NODE_ID", ("node" + std::to_string(where.node)).c_str(), 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   unsetenv("CHORUS_STORE_HOSTED");  // rank 0 hosts the store itself
@@ -497,7 +527,7 @@ int launch_local_ranks(const Options& o, int argc, char** argv) {
   std::vector<pid_t> pids;
   for (int rank = 0; rank < o.np; ++rank) {
     try {
-      pids.push_back(spawn_rank(args, rank, o.np, port));
+      pids.push_back(spawn_rank(args, rank, o.np, o.nodes, port));
     } catch (...) {
       kill_running(pids);
       throw;

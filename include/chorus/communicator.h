@@ -46,8 +46,31 @@ enum class Algorithm : uint8_t {
   kRing,                // bandwidth-optimal, chunked and pipelined
   kRecursiveDoubling,   // latency-optimal for small messages
   kHalvingDoubling,     // reduce-scatter + allgather by recursive halving/doubling
+  kShmDirect,           // ranks of one node through shared memory, each reducing a slice
+  kHierarchical,        // intra-node reduce-scatter, inter-node allreduce, intra-node allgather
 };
 const char* algorithm_name(Algorithm algorithm);
+
+// How ranks of one node talk (CommOptions::transport, CHORUS_TRANSPORT).
+enum class TransportKind : uint8_t {
+  kAuto,  // shared memory inside a node, tcp across nodes
+  kTcp,   // tcp everywhere, also inside a node
+  kShm,   // like kAuto, but failing to set up shared memory is an error, not a fallback
+};
+
+// Which ranks share a node. Nodes are numbered 0.. in the order of their lowest rank;
+// ranks of a node are numbered 0.. (local ranks) in rank order.
+struct Topology {
+  int node = 0;         // this rank's node
+  int nodes = 1;        // number of nodes
+  int local_rank = 0;   // this rank's position among the ranks of its node
+  int local_size = 1;   // ranks on this rank's node
+  std::vector<int> node_of;                  // node of every rank
+  std::vector<std::vector<int>> node_ranks;  // ranks of every node, ascending
+  // Every node has the same number of ranks: the shape hierarchical algorithms need
+  // (local rank i of node n is rank node_ranks[n][i]).
+  bool uniform() const;
+};
 
 struct CommOptions {
   // The defaults below are those of an empty environment; from_env() reads it.
@@ -58,6 +81,11 @@ struct CommOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
   // Forced algorithm (CHORUS_ALGO), kAuto to choose by size.
   Algorithm algorithm = Algorithm::kAuto;
+  // Transport between ranks of one node (CHORUS_TRANSPORT).
+  TransportKind transport = TransportKind::kAuto;
+  // Node identity (CHORUS_NODE_ID); empty: the hostname and the boot id. Ranks with the
+  // same identity share memory.
+  std::string node_id;
   // Shared secret that every connection must present (CHORUS_JOB_TOKEN).
   std::string job_token;
   // Name of this communicator in the store; ranks of different communicators sharing a
@@ -93,6 +121,8 @@ class Communicator {
   virtual const CommOptions& options() const = 0;
   // Host name of `rank` as it published it.
   virtual const std::string& host_of(int rank) const = 0;
+  // Which ranks share a node, found at creation.
+  virtual const Topology& topology() const = 0;
 
   // recv = op over ranks of send (count elements each).
   virtual Work allreduce(const void* send, void* recv, size_t count, DataType dtype,

@@ -47,4 +47,28 @@ void barrier_dissemination(const Context& ctx);
 // Applies the average on `count` elements when ctx.average is set.
 void finish_average(const Context& ctx, void* buf, size_t count);
 
+// ---- direct shared memory (shm_direct.cc): the ranks of `g` (one node) through its
+// segment; ranks are g's local ranks. `avg` divides by ctx.size (the whole
+// communicator's), so that a hierarchical algorithm can leave it to its last step.
+// Blocks of the *_blocks variants are block_begin/block_count(total, local size, r).
+void shm_allreduce(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+                   size_t count, bool avg);
+void shm_reduce(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+                size_t count, int root);
+void shm_broadcast(const Context& ctx, transport::shm::ShmGroup& g, void* buf, size_t count,
+                   int root);
+void shm_allgather_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
+                          void* out, size_t total);
+void shm_reduce_scatter_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
+                               void* out, size_t total, bool avg);
+void shm_barrier(const Context& ctx, transport::shm::ShmGroup& g);
+
+// ---- hierarchical (nodes of ctx.topology; hierarchical.cc): the contracts of the flat
+// allreduce, broadcast and allgather (allgather: out's block r of count elements = in
+// of rank r; in may be out's own block). They need a uniform topology that describes
+// ctx's ranks, and run a flat algorithm otherwise.
+void allreduce_hierarchical(const Context& ctx, const void* in, void* out, size_t count);
+void broadcast_hierarchical(const Context& ctx, void* buf, size_t count, int root);
+void allgather_hierarchical(const Context& ctx, const void* in, void* out, size_t count);
+
 }  // namespace chorus::algorithms

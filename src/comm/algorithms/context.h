@@ -7,9 +7,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "chorus/communicator.h"
 #include "chorus/types.h"
 #include "comm/core/reduce.h"
 #include "comm/transport/transport.h"
+
+namespace chorus::transport::shm {
+class ShmGroup;
+}
 
 namespace chorus::algorithms {
 
@@ -38,6 +43,9 @@ struct Context {
   bool average;         // divide the result by size (ReduceOp::kAvg)
   Scratch& scratch;
   size_t segment_bytes;  // pipelining unit of the ring and chain algorithms
+  const Topology& topology;  // which ranks share a node
+  ReduceOp op = ReduceOp::kSum;               // the reduction `reduce` implements
+  transport::shm::ShmGroup* shm = nullptr;    // this node's ranks in shared memory, or null
 };
 
 // Element ranges of `count` split into `parts` nearly equal blocks (the first

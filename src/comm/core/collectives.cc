@@ -59,6 +59,10 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
       case Algorithm::kRing: return alg::allreduce_ring(ctx, send, recv, count);
       case Algorithm::kHalvingDoubling:
         return alg::allreduce_halving_doubling(ctx, send, recv, count);
+      case Algorithm::kHierarchical:
+        return alg::allreduce_hierarchical(ctx, send, recv, count);
+      case Algorithm::kShmDirect:
+        return alg::shm_allreduce(ctx, *ctx.shm, send, recv, count, ctx.average);
       default: return alg::allreduce_recursive_doubling(ctx, send, recv, count);
     }
   });
@@ -74,7 +78,9 @@ Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, Dat
   Algorithm algo = algorithm_for("broadcast", bytes);
   return enqueue(spec("broadcast", dtype), [=](const Context& ctx) {
     if (ctx.rank == root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
-    if (algo == Algorithm::kRing) alg::broadcast_chain(ctx, recv, count, root);
+    if (algo == Algorithm::kShmDirect) alg::shm_broadcast(ctx, *ctx.shm, recv, count, root);
+    else if (algo == Algorithm::kHierarchical) alg::broadcast_hierarchical(ctx, recv, count, root);
+    else if (algo == Algorithm::kRing) alg::broadcast_chain(ctx, recv, count, root);
     else alg::broadcast_binomial(ctx, recv, count, root);
   });
 }
@@ -89,7 +95,8 @@ Work CommunicatorImpl::reduce(const void* send, void* recv, size_t count, DataTy
   check_op(v, op);
   Algorithm algo = algorithm_for("reduce", bytes);
   return enqueue(reducing("reduce", dtype, op), [=](const Context& ctx) {
-    if (algo == Algorithm::kRing) alg::reduce_ring(ctx, send, recv, count, root);
+    if (algo == Algorithm::kShmDirect) alg::shm_reduce(ctx, *ctx.shm, send, recv, count, root);
+    else if (algo == Algorithm::kRing) alg::reduce_ring(ctx, send, recv, count, root);
     else alg::reduce_binomial(ctx, send, recv, count, root);
   });
 }
@@ -102,6 +109,12 @@ Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, Dat
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
   return enqueue(spec("allgather", dtype), [=, this](const Context& ctx) {
+    // algorithm_for reads only what is fixed at creation: safe on the progress thread.
+    Algorithm algo = algorithm_for("allgather", count * size_ * ctx.elem);
+    if (algo == Algorithm::kHierarchical) return alg::allgather_hierarchical(ctx, send, recv, count);
+    if (algo == Algorithm::kShmDirect) {
+      return alg::shm_allgather_blocks(ctx, *ctx.shm, send, recv, count * size_);
+    }
     std::vector<size_t> counts(size_, count), displs(size_);
     for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
     alg::allgatherv_ring(ctx, send, recv, counts, displs);
@@ -140,7 +153,10 @@ Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_
   v.buffer(send, total, "send");
   v.buffer(recv, recv_count, "recv");
   check_op(v, op);
-  return enqueue(reducing("reduce_scatter", dtype, op), [=](const Context& ctx) {
+  return enqueue(reducing("reduce_scatter", dtype, op), [=, this](const Context& ctx) {
+    if (algorithm_for("reduce_scatter", total * ctx.elem) == Algorithm::kShmDirect) {
+      return alg::shm_reduce_scatter_blocks(ctx, *ctx.shm, send, recv, total, ctx.average);
+    }
     alg::reduce_scatter_ring(ctx, send, recv, recv_count);
   });
 }
@@ -258,8 +274,11 @@ Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_
 }
 
 Work CommunicatorImpl::barrier() {
-  return enqueue(spec("barrier", DataType::kUInt8),
-                 [](const Context& ctx) { alg::barrier_dissemination(ctx); });
+  Algorithm algo = algorithm_for("barrier", 0);
+  return enqueue(spec("barrier", DataType::kUInt8), [algo](const Context& ctx) {
+    if (algo == Algorithm::kShmDirect) return alg::shm_barrier(ctx, *ctx.shm);
+    alg::barrier_dissemination(ctx);
+  });
 }
 
 Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int peer) {

@@ -8,7 +8,9 @@
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "comm/core/cost_model.h"
 #include "comm/core/reduce.h"
+#include "comm/core/topology.h"
 #include "comm/transport/tcp/tcp_transport.h"
 
 namespace chorus {
@@ -18,6 +20,11 @@ namespace {
 // Pipelining unit of the ring and chain algorithms: large enough that per-message
 // costs vanish, small enough that a segment stays in cache while it is reduced.
 constexpr size_t kSegmentBytes = 512 * 1024;
+
+// How long the progress thread stays on short naps after its last operation, and how
+// long each nap is (see progress_loop()).
+constexpr auto kProgressLinger = std::chrono::milliseconds(20);
+constexpr auto kProgressTick = std::chrono::microseconds(200);
 
 // The host the store lives on, when it is a TCP store (possibly behind prefixes).
 std::string store_host(Store* store) {
@@ -49,7 +56,35 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   tcp.connect_timeout = options_.connect_timeout;
   transport_ = transport::tcp::connect_mesh(scoped, rank_, size_, tcp);
   for (int r = 0; r < size_; ++r) hosts_.push_back(transport_->host_of(r));
+  topology_ = discover_topology(scoped, rank_, size_, local_node_id(options_.node_id));
+  connect_shared_memory(scoped);
+  shape_.size = size_;
+  shape_.nodes = topology_.nodes;
+  shape_.local_size = topology_.local_size;
+  shape_.shm = shm_ != nullptr;
+  shape_.hierarchical = hierarchical_possible();
+  if (shm_) shape_.shm_chunk = shm_->buffer_bytes();
+  cost_ = parse_cost_params(settings::cost_model());
   thread_ = std::thread([this] { progress_loop(); });
+}
+
+void CommunicatorImpl::connect_shared_memory(Store& scoped) {
+  if (options_.transport == TransportKind::kTcp || topology_.local_size < 2) return;
+  transport::shm::GroupConfig config;
+  config.rank = rank_;
+  config.members = topology_.node_ranks[topology_.node];
+  config.hosts = hosts_;
+  config.node = topology_.node;
+  std::string why_not;
+  shm_ = transport::shm::ShmGroup::connect(scoped, config, why_not);
+  if (shm_) return;
+  std::string message = "shared memory between the " + std::to_string(topology_.local_size) +
+                        " ranks of this node could not be set up: " + why_not;
+  if (options_.transport == TransportKind::kShm) {
+    throw SystemError("creating communicator '" + options_.comm_id + "' on " + where() + ": " +
+                      message + " (CHORUS_TRANSPORT=shm)");
+  }
+  CHORUS_LOG(kWarn, message + "; using tcp inside the node");
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
@@ -60,7 +95,10 @@ CommunicatorImpl::~CommunicatorImpl() {
   queue_signal_.fetch_add(1, std::memory_order_release);
   futex_wake_all(queue_signal_);
   if (thread_.joinable()) thread_.join();
-  if (!transport_aborted_) transport_->close();
+  if (!transport_aborted_) {
+    transport_->close();
+    if (shm_) shm_->close();
+  }
 }
 
 const std::string& CommunicatorImpl::host_of(int rank) const { return hosts_.at(rank); }
@@ -108,6 +146,7 @@ bool CommunicatorImpl::run_queued(const WorkState* until) {
   if (abort_requested_.load() && !transport_aborted_) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
     transport_->abort(abort_reason_);
+    if (shm_) shm_->abort(abort_reason_);
     transport_aborted_ = true;
   }
   running_.store(false, std::memory_order_release);
@@ -116,13 +155,19 @@ bool CommunicatorImpl::run_queued(const WorkState* until) {
     std::lock_guard<std::mutex> lock(mutex_);
     left_behind = !queue_.empty();
   }
-  if (left_behind && until != nullptr) wake_progress_thread();
+  if (left_behind && until != nullptr) {
+    // Operations queued behind the helped one must not wait for the next tick.
+    queue_signal_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(queue_signal_);
+  }
   return true;
 }
 
 void CommunicatorImpl::help(const WorkState& work) { run_queued(&work); }
 
 void CommunicatorImpl::progress_loop() {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point last_active = Clock::now();
   while (true) {
     uint32_t seen = queue_signal_.load(std::memory_order_acquire);
     bool pending;
@@ -131,17 +176,30 @@ void CommunicatorImpl::progress_loop() {
       pending = !queue_.empty();
       if (!pending && stopping_) break;
     }
+    if (pending) last_active = Clock::now();
     if ((pending || (abort_requested_.load() && !transport_aborted_)) && run_queued(nullptr)) {
       continue;
     }
-    // Idle, or another thread is running operations: it wakes us if it leaves any.
-    // Announce the sleep first; a waker that misses the flag has already changed the
-    // signal, and then the futex wait returns at once.
+    // Lingering: while operations keep coming, enqueue() does not wake this thread (a
+    // system call and a hand-over per operation, which cost more than a small
+    // collective); the thread looks at the queue every kProgressTick instead, so an
+    // operation that nobody waits for still starts within a tick. A thread that waits
+    // runs its operation itself (help()).
+    if (Clock::now() - last_active < kProgressLinger) {
+      futex_wait_change(queue_signal_, seen, Clock::now() + kProgressTick,
+                        std::chrono::microseconds(0));
+      continue;
+    }
+    // Idle: sleep until enqueue() wakes us. Announce the sleep first; a waker that
+    // misses the flag has already changed the signal, and then the futex wait returns
+    // at once.
     progress_sleeping_.store(true, std::memory_order_seq_cst);
-    futex_wait_change(queue_signal_, seen,
-                      std::chrono::steady_clock::now() + std::chrono::seconds(1),
-                      std::chrono::microseconds(0));
+    bool woken = futex_wait_change(queue_signal_, seen, Clock::now() + std::chrono::seconds(1),
+                                   std::chrono::microseconds(0));
     progress_sleeping_.store(false, std::memory_order_relaxed);
+    // Woken by enqueue(): operations are coming again, even if the caller runs this
+    // one itself before we look.
+    if (woken) last_active = Clock::now();
   }
 }
 
@@ -166,6 +224,7 @@ void CommunicatorImpl::run(Op& op) {
   info.kind = op.spec.collective ? transport::FrameKind::kCollective : transport::FrameKind::kP2P;
   info.deadline = Deadline(options_.timeout);
   transport_->begin(info);
+  if (shm_) shm_->begin(info);
   algorithms::Context ctx{*transport_,
                           rank_,
                           size_,
@@ -174,7 +233,10 @@ void CommunicatorImpl::run(Op& op) {
                           op.spec.reduces ? reduce_function(op.spec.dtype, op.spec.op) : nullptr,
                           op.spec.reduces && op.spec.op == ReduceOp::kAvg,
                           scratch_,
-                          kSegmentBytes};
+                          kSegmentBytes,
+                          topology_,
+                          op.spec.op,
+                          shm_.get()};
   try {
     op.body(ctx);
     op.work->complete(nullptr);
@@ -190,6 +252,7 @@ void CommunicatorImpl::run(Op& op) {
       abort_requested_.store(true);
     }
     transport_->abort(reason);
+    if (shm_) shm_->abort(reason);
     transport_aborted_ = true;
     if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(std::current_exception());
     else op.work->complete(std::make_exception_ptr(SystemError(op.work->description() + ": " + reason)));
@@ -204,29 +267,59 @@ void CommunicatorImpl::abort(const std::string& reason) {
     abort_requested_.store(true);
   }
   transport_->interrupt(reason);
+  if (shm_) shm_->interrupt(reason);
   queue_signal_.fetch_add(1, std::memory_order_release);
   futex_wake_all(queue_signal_);
 }
 
+bool CommunicatorImpl::hierarchical_possible() const {
+  return topology_.nodes > 1 && topology_.local_size > 1 && topology_.uniform();
+}
+
 Algorithm CommunicatorImpl::algorithm_for(const char* collective, size_t bytes) const {
-  std::string c = collective;
+  const std::string c = collective;
   Algorithm forced = options_.algorithm;
+  // A forced algorithm that this communicator's shape cannot run falls back to the
+  // automatic choice, so that one CHORUS_ALGO serves every communicator of a job.
+  if (forced == Algorithm::kHierarchical && !hierarchical_possible()) forced = Algorithm::kAuto;
+  if (forced == Algorithm::kShmDirect && !all_in_shared_memory()) forced = Algorithm::kAuto;
+  const bool tcp_forced = forced == Algorithm::kRing || forced == Algorithm::kRecursiveDoubling ||
+                          forced == Algorithm::kHalvingDoubling;
+  const bool shm = all_in_shared_memory() && !tcp_forced;
   if (c == "allreduce") {
     if (forced != Algorithm::kAuto) return forced;
-    // Measured with chorus-bench on 2 and 4 ranks over loopback (2 cores): recursive
-    // doubling wins up to 32 KiB; on 2 ranks halving-doubling (one exchange each way,
-    // no segmenting overhead) up to 1 MiB; the pipelined ring beyond. Issue 5's cost
-    // model replaces these thresholds.
-    if (bytes <= 32 * 1024 || size_ == 1) return Algorithm::kRecursiveDoubling;
-    if (size_ == 2 && bytes <= 1024 * 1024) return Algorithm::kHalvingDoubling;
-    return Algorithm::kRing;
+    std::vector<Algorithm> candidates = {Algorithm::kRecursiveDoubling,
+                                         Algorithm::kHalvingDoubling, Algorithm::kRing};
+    if (size_ == 1) return Algorithm::kRecursiveDoubling;
+    if (all_in_shared_memory()) candidates.push_back(Algorithm::kShmDirect);
+    if (hierarchical_possible()) candidates.push_back(Algorithm::kHierarchical);
+    return cheapest("allreduce", bytes, shape_, cost_, candidates);
+  }
+  if (c == "broadcast" || c == "allgather") {
+    if (forced == Algorithm::kShmDirect || forced == Algorithm::kHierarchical) return forced;
+    if (shm) return Algorithm::kShmDirect;
+    if (forced == Algorithm::kAuto && hierarchical_possible()) {
+      Algorithm flat = c == "broadcast" ? Algorithm::kAuto : Algorithm::kRing;
+      const Algorithm candidates[] = {flat, Algorithm::kHierarchical};
+      if (cheapest(collective, bytes, shape_, cost_, candidates) == Algorithm::kHierarchical) {
+        return Algorithm::kHierarchical;
+      }
+    }
+    if (c == "allgather") return Algorithm::kRing;
   }
   if (c == "broadcast" || c == "reduce") {
+    if (c == "reduce" && (forced == Algorithm::kShmDirect || shm)) return Algorithm::kShmDirect;
     if (forced == Algorithm::kRing) return Algorithm::kRing;
     if (forced != Algorithm::kAuto) return Algorithm::kRecursiveDoubling;  // binomial tree
+    // Binomial tree while latency dominates, pipelined chain beyond (chorus-bench,
+    // 2-8 ranks over loopback).
     return bytes <= 64 * 1024 ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
   }
-  if (c == "allgather" || c == "allgatherv" || c == "reduce_scatter") return Algorithm::kRing;
+  if (c == "reduce_scatter" || c == "barrier") {
+    if (forced == Algorithm::kShmDirect || shm) return Algorithm::kShmDirect;
+    return c == "barrier" ? Algorithm::kAuto : Algorithm::kRing;
+  }
+  if (c == "allgatherv") return Algorithm::kRing;
   return Algorithm::kAuto;  // direct / pairwise / dissemination: no choice to make
 }
 

@@ -14,7 +14,9 @@
 
 #include "chorus/communicator.h"
 #include "comm/algorithms/context.h"
+#include "comm/core/cost_model.h"
 #include "comm/core/work_state.h"
+#include "comm/transport/shm/shm_group.h"
 #include "comm/transport/transport.h"
 
 namespace chorus::internal {
@@ -42,6 +44,7 @@ class CommunicatorImpl final : public Communicator,
   int size() const override { return size_; }
   const CommOptions& options() const override { return options_; }
   const std::string& host_of(int rank) const override;
+  const Topology& topology() const override { return topology_; }
 
   Work allreduce(const void* send, void* recv, size_t count, DataType dtype,
                  ReduceOp op) override;
@@ -88,12 +91,23 @@ class CommunicatorImpl final : public Communicator,
   void run(Op& op);
   void fail_aborted(Op& op);
   std::string where() const;
+  // Several nodes with the same number of ranks each, more than one per node.
+  bool hierarchical_possible() const;
+  // Every rank on this node, which shares memory.
+  bool all_in_shared_memory() const { return shm_ != nullptr && topology_.nodes == 1; }
+  void connect_shared_memory(Store& scoped);
 
   const int rank_, size_;
   const CommOptions options_;
   std::shared_ptr<Store> user_store_;
   std::unique_ptr<transport::Transport> transport_;
+  // The ranks of this node in shared memory; null with one rank per node, with
+  // CHORUS_TRANSPORT=tcp, or when it could not be set up.
+  std::unique_ptr<transport::shm::ShmGroup> shm_;
   std::vector<std::string> hosts_;
+  Topology topology_;
+  Shape shape_;       // for the cost model
+  CostParams cost_;   // CHORUS_COST_MODEL
   algorithms::Scratch scratch_;
 
   std::mutex mutex_;  // guards queue_, next_*, stopping_

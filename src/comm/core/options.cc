@@ -11,7 +11,15 @@ Algorithm parse_algorithm(const std::string& name) {
   if (name == "ring") return Algorithm::kRing;
   if (name == "rd" || name == "recursive_doubling") return Algorithm::kRecursiveDoubling;
   if (name == "hd" || name == "halving_doubling") return Algorithm::kHalvingDoubling;
-  throw ConfigError("CHORUS_ALGO='" + name + "' is not one of auto, ring, rd, hd");
+  if (name == "shm" || name == "direct") return Algorithm::kShmDirect;
+  if (name == "hier" || name == "hierarchical") return Algorithm::kHierarchical;
+  throw ConfigError("CHORUS_ALGO='" + name + "' is not one of auto, ring, rd, hd, shm, hier");
+}
+
+TransportKind parse_transport(const std::string& name) {
+  if (name == "tcp") return TransportKind::kTcp;
+  if (name == "shm") return TransportKind::kShm;
+  return TransportKind::kAuto;
 }
 }  // namespace
 
@@ -20,6 +28,8 @@ CommOptions CommOptions::from_env() {
   o.timeout = settings::op_timeout();
   o.connect_timeout = settings::connect_timeout();
   o.algorithm = parse_algorithm(settings::algorithm());
+  o.transport = parse_transport(settings::transport());
+  o.node_id = settings::node_id();
   o.job_token = settings::job_token();
   o.listen_address = settings::if_ip();
   if (o.listen_address.empty()) {

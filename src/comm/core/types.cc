@@ -84,6 +84,8 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::kRing: return "ring";
     case Algorithm::kRecursiveDoubling: return "rd";
     case Algorithm::kHalvingDoubling: return "hd";
+    case Algorithm::kShmDirect: return "shm";
+    case Algorithm::kHierarchical: return "hier";
   }
   return "?";
 }

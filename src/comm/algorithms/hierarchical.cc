@@ -1,0 +1,238 @@
+// Hierarchical collectives for jobs of several nodes with several ranks each (the
+// HCCL/NCCL shape): most bytes move inside nodes, where links are fast, and only one
+// share per rank crosses the slower network between nodes.
+//
+// Every phase is a flat algorithm of this folder run among a subset of the ranks, seen
+// through a SubsetTransport: the ranks of one node ("intra"), or the ranks that have
+// the same local rank on every node ("cross"). The node phases are the functions
+// intra_*; they run the direct shared-memory algorithms where the node's ranks share a
+// segment (ctx.shm), else the ring over the node's ranks.
+//
+// Requires a uniform topology (every node holds the same number of ranks); on any
+// other shape these functions run the flat algorithm instead, so that they are correct
+// for every input even though the communicator only picks them for uniform shapes.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/ring_pipeline.h"
+#include "comm/transport/shm/shm_group.h"
+#include "comm/transport/subset_transport.h"
+
+namespace chorus::algorithms {
+namespace {
+
+using transport::SubsetTransport;
+
+// Message sizes at which the phases switch from latency- to bandwidth-optimal
+// algorithms: the thresholds the communicator uses for flat collectives (see
+// CommunicatorImpl::algorithm_for), applied to what each phase moves.
+constexpr size_t kAllreduceSmallBytes = 32 * 1024;
+constexpr size_t kAllreduceHalvingBytes = 1024 * 1024;  // 2 ranks only
+constexpr size_t kBroadcastSmallBytes = 64 * 1024;
+
+// Whether ctx.topology describes ctx's ranks (it may not for a sub-context, which
+// carries its parent's topology) in a shape the hierarchical algorithms handle.
+bool hierarchical_shape(const Context& ctx) {
+  const Topology& t = ctx.topology;
+  return t.node_of.size() == static_cast<size_t>(ctx.size) && t.uniform() &&
+         t.node_ranks[t.node][t.local_rank] == ctx.rank;
+}
+
+// A context for a flat algorithm among the ranks of `view`. It never averages: the
+// hierarchical algorithm divides once, by the size of the whole group. It has no
+// shared-memory group either: ctx's belongs to the node, not to the view.
+Context sub_context(const Context& ctx, transport::Transport& view) {
+  Context sub{view,       view.rank(), view.size(), ctx.dtype,         ctx.elem,
+              ctx.reduce, false,       ctx.scratch, ctx.segment_bytes, ctx.topology};
+  sub.op = ctx.op;
+  sub.shm = nullptr;
+  return sub;
+}
+
+// The ranks of this rank's node; ascending, so that view rank == local rank.
+const std::vector<int>& node_members(const Context& ctx) {
+  return ctx.topology.node_ranks[ctx.topology.node];
+}
+
+// The ranks with local rank `local` on every node, ascending (node order need not be
+// rank order for local ranks > 0, e.g. nodes {0, 3} and {1, 2}).
+std::vector<int> cross_members(const Topology& t, int local) {
+  std::vector<int> members;
+  for (const std::vector<int>& ranks : t.node_ranks) members.push_back(ranks[local]);
+  std::sort(members.begin(), members.end());
+  return members;
+}
+
+int index_in(const std::vector<int>& members, int rank) {
+  return static_cast<int>(std::lower_bound(members.begin(), members.end(), rank) -
+                          members.begin());
+}
+
+// The nearly equal blocks of `count` over `parts` ranks, as counts and displacements.
+struct Blocks {
+  std::vector<size_t> counts, displs;
+  Blocks(size_t count, int parts) {
+    for (int b = 0; b < parts; ++b) {
+      counts.push_back(block_count(count, parts, b));
+      displs.push_back(block_begin(count, parts, b));
+    }
+  }
+};
+
+// Ring reduce-scatter with the uneven blocks of Blocks(count, sub.size): block b of
+// the reduction of `in` lands at its own offset in `out` on rank b. The library's
+// reduce_scatter_ring takes equal blocks only; the ring engine takes any.
+void reduce_scatter_blocks(const Context& sub, const void* in, void* out, size_t count) {
+  const Blocks blocks(count, sub.size);
+  auto* dst = static_cast<uint8_t*>(out);
+  uint8_t* own = dst + blocks.displs[sub.rank] * sub.elem;
+  if (sub.size == 1) {
+    if (in != out && count > 0) std::memcpy(out, in, count * sub.elem);
+    return;
+  }
+  RingPlan plan;
+  for (int b = 0; b < sub.size; ++b) {
+    plan.len.push_back(blocks.counts[b] * sub.elem);
+    plan.in_off.push_back(blocks.displs[b] * sub.elem);
+    plan.out_off.push_back(blocks.displs[b] * sub.elem);
+  }
+  plan.in = static_cast<const uint8_t*>(in);
+  plan.out = dst;
+  plan.own_dst = own;
+  plan.own_src = own;
+  plan.rs_steps = sub.size - 1;
+  run_ring(sub, plan);
+}
+
+// Binomial tree for small messages, pipelined chain for large ones.
+void flat_broadcast(const Context& ctx, void* buf, size_t count, int root) {
+  if (count * ctx.elem <= kBroadcastSmallBytes) broadcast_binomial(ctx, buf, count, root);
+  else broadcast_chain(ctx, buf, count, root);
+}
+
+// ---- node phases: shared memory where the node has it. They may use scratch area 0
+// only: allgather_hierarchical keeps its packs in area 1 across them.
+
+// The node's ranks reduce `in` (count elements); block `local_rank` of
+// Blocks(count, local_size) of the result lands at its offset in `out`. in may be out.
+void intra_reduce_scatter(const Context& ctx, const void* in, void* out, size_t count) {
+  if (ctx.shm != nullptr) {
+    const size_t at = block_begin(count, ctx.shm->local_size(), ctx.shm->local_rank());
+    return shm_reduce_scatter_blocks(ctx, *ctx.shm, in, static_cast<uint8_t*>(out) + at * ctx.elem,
+                                     count, false);
+  }
+  SubsetTransport node(ctx.transport, node_members(ctx));
+  reduce_scatter_blocks(sub_context(ctx, node), in, out, count);
+}
+
+// The node's ranks gather the blocks of Blocks(total, local_size): local rank i's `in`
+// (block i) lands at block i's offset in `out` on every rank of the node. in may be
+// out's own block.
+void intra_allgather(const Context& ctx, const void* in, void* out, size_t total) {
+  if (ctx.shm != nullptr) return shm_allgather_blocks(ctx, *ctx.shm, in, out, total);
+  SubsetTransport node(ctx.transport, node_members(ctx));
+  const Blocks blocks(total, node.size());
+  allgatherv_ring(sub_context(ctx, node), in, out, blocks.counts, blocks.displs);
+}
+
+// Broadcast among the node's ranks from local rank `root_local`.
+void intra_broadcast(const Context& ctx, void* buf, size_t count, int root_local) {
+  if (ctx.shm != nullptr) return shm_broadcast(ctx, *ctx.shm, buf, count, root_local);
+  SubsetTransport node(ctx.transport, node_members(ctx));
+  flat_broadcast(sub_context(ctx, node), buf, count, root_local);
+}
+
+// ---- cross-node phases
+
+// Allreduce of buf (in place) among the ranks with this rank's local rank.
+void cross_allreduce(const Context& ctx, void* buf, size_t count) {
+  SubsetTransport cross(ctx.transport, cross_members(ctx.topology, ctx.topology.local_rank));
+  Context sub = sub_context(ctx, cross);
+  const size_t bytes = count * ctx.elem;
+  if (bytes <= kAllreduceSmallBytes || sub.size == 1) {
+    allreduce_recursive_doubling(sub, buf, buf, count);
+  } else if (sub.size == 2 && bytes <= kAllreduceHalvingBytes) {
+    allreduce_halving_doubling(sub, buf, buf, count);
+  } else {
+    allreduce_ring(sub, buf, buf, count);
+  }
+}
+
+void flat_allgather(const Context& ctx, const void* in, void* out, size_t count) {
+  std::vector<size_t> counts(ctx.size, count), displs(ctx.size);
+  for (int r = 0; r < ctx.size; ++r) displs[r] = static_cast<size_t>(r) * count;
+  allgatherv_ring(ctx, in, out, counts, displs);
+}
+
+}  // namespace
+
+void allreduce_hierarchical(const Context& ctx, const void* in, void* out, size_t count) {
+  if (!hierarchical_shape(ctx)) return allreduce_ring(ctx, in, out, count);
+  const Topology& t = ctx.topology;
+  const Blocks blocks(count, t.local_size);
+  const size_t mine = blocks.counts[t.local_rank];
+  uint8_t* block = static_cast<uint8_t*>(out) + blocks.displs[t.local_rank] * ctx.elem;
+  intra_reduce_scatter(ctx, in, out, count);
+  // Every member of a cross group has the same block size, so all skip together.
+  if (mine > 0) cross_allreduce(ctx, block, mine);
+  // Once, over the whole group, on the one block this rank owns; the allgather then
+  // copies the same bytes to every rank of the node.
+  finish_average(ctx, block, mine);
+  intra_allgather(ctx, block, out, count);
+}
+
+void broadcast_hierarchical(const Context& ctx, void* buf, size_t count, int root) {
+  if (!hierarchical_shape(ctx)) return flat_broadcast(ctx, buf, count, root);
+  const Topology& t = ctx.topology;
+  const std::vector<int>& root_node = t.node_ranks[t.node_of[root]];
+  const int root_local = index_in(root_node, root);
+  // First the ranks with root's local rank (one per node) get the data, then each of
+  // them serves its own node.
+  if (t.local_rank == root_local) {
+    std::vector<int> members = cross_members(t, root_local);
+    SubsetTransport cross(ctx.transport, members);
+    flat_broadcast(sub_context(ctx, cross), buf, count, index_in(members, root));
+  }
+  intra_broadcast(ctx, buf, count, root_local);
+}
+
+// Layout: the node phase fills this node's "pack" (its ranks' blocks in local-rank
+// order), the cross phase exchanges packs, placed in the order of the cross group's
+// members. When that order is the rank order (nodes made of consecutive ranks) the
+// packs are gathered straight into `out`; otherwise they go to scratch area 1 (the
+// phases use area 0 at most) and are then copied to their ranks' places.
+void allgather_hierarchical(const Context& ctx, const void* in, void* out, size_t count) {
+  if (!hierarchical_shape(ctx)) return flat_allgather(ctx, in, out, count);
+  const Topology& t = ctx.topology;
+  const int local = t.local_size, nodes = t.nodes;
+  const std::vector<int> members = cross_members(t, t.local_rank);
+  // rank_at[p]: the rank whose block is at position p of the gathered packs.
+  std::vector<int> rank_at;
+  for (int member : members) {
+    for (int rank : t.node_ranks[t.node_of[member]]) rank_at.push_back(rank);
+  }
+  bool direct = true;
+  for (int p = 0; p < ctx.size; ++p) direct = direct && rank_at[p] == p;
+
+  const size_t block_bytes = count * ctx.elem, pack_count = count * local;
+  auto* dst = static_cast<uint8_t*>(out);
+  uint8_t* gathered = direct ? dst : ctx.scratch.get(block_bytes * ctx.size, 1);
+  const int me = index_in(members, ctx.rank);
+  uint8_t* pack = gathered + me * pack_count * ctx.elem;
+
+  intra_allgather(ctx, in, pack, pack_count);  // equal blocks of `count`
+
+  SubsetTransport cross(ctx.transport, members);
+  std::vector<size_t> pack_counts(nodes, pack_count), pack_displs(nodes);
+  for (int s = 0; s < nodes; ++s) pack_displs[s] = static_cast<size_t>(s) * pack_count;
+  allgatherv_ring(sub_context(ctx, cross), pack, gathered, pack_counts, pack_displs);
+
+  if (direct || block_bytes == 0) return;
+  for (int p = 0; p < ctx.size; ++p) {
+    std::memcpy(dst + rank_at[p] * block_bytes, gathered + p * block_bytes, block_bytes);
+  }
+}
+
+}  // namespace chorus::algorithms

@@ -1,0 +1,251 @@
+// Direct shared-memory collectives for the ranks of one node (DESIGN.md, "direct
+// shared memory"). Data goes through each rank's buffers in the group's segment in
+// chunks of at most one buffer, alternating between a rank's two buffers (see
+// shm_group.h for why that is safe); every chunk starts with "copy in, arrive, wait".
+//
+// allreduce: each rank copies in all of its chunk but its own slice, reduces its slice
+// from its own input and every other rank's buffer, in rank order, into its own
+// buffer, and after a second phase every rank copies all slices out. Every slice is computed by one rank,
+// so all ranks get the same bytes. Chunks of at most kSmallBytes skip the second phase:
+// every rank reduces the whole chunk itself, in the same order.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/transport/shm/shm_group.h"
+
+namespace chorus::algorithms {
+namespace {
+
+using transport::shm::OpDesc;
+using transport::shm::ShmGroup;
+
+constexpr size_t kSmallBytes = 8 * 1024;
+// Results of at least this many bytes are written around the caches (streaming
+// stores): they would not fit anyway, and a normal store first reads every line it
+// writes, a third more memory traffic.
+constexpr size_t kStreamBytes = 64 * 1024 * 1024;
+
+// memcpy with non-temporal stores where the CPU has them; stream_done() orders them
+// before anything this thread publishes later.
+void stream_copy(uint8_t* dst, const uint8_t* src, size_t bytes) {
+#if defined(__x86_64__)
+  size_t head = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
+  if (bytes < head + 64) return static_cast<void>(std::memcpy(dst, src, bytes));
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void stream_done() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+OpDesc describe(const Context& ctx, const char* what, size_t count, int root = -1) {
+  OpDesc d;
+  d.count = count;
+  d.code = transport::op_code_of(what);
+  d.dtype = static_cast<uint8_t>(ctx.dtype);
+  d.reduce = ctx.reduce ? static_cast<uint8_t>(ctx.op) : 0xff;
+  d.root = root;
+  return d;
+}
+
+// dst[0, n) = reduction over local ranks (in order) of buffer(r, b) at element `at`;
+// `own`, when not null, stands for this rank's buffer (its data was not copied in).
+void reduce_all(const Context& ctx, const ShmGroup& g, int b, size_t at, size_t n, uint8_t* dst,
+                const uint8_t* own = nullptr) {
+  const size_t off = at * ctx.elem;
+  auto source = [&](int r) -> const uint8_t* {
+    return own != nullptr && r == g.local_rank() ? own : g.buffer(r, b) + off;
+  };
+  ctx.reduce(dst, source(0), source(1), n);
+  for (int r = 2; r < g.local_size(); ++r) ctx.reduce(dst, dst, source(r), n);
+}
+
+// Copies elements [0, n) of `src` to `dst` except [skip, skip + skip_n).
+void copy_around(uint8_t* dst, const uint8_t* src, size_t n, size_t skip, size_t skip_n,
+                 size_t e) {
+  std::memcpy(dst, src, skip * e);
+  std::memcpy(dst + (skip + skip_n) * e, src + (skip + skip_n) * e, (n - skip - skip_n) * e);
+}
+
+void average(const Context& ctx, void* buf, size_t n, bool on) {
+  if (on) finish_avg(buf, n, ctx.dtype, ctx.size);
+}
+
+// The first phase of a large chunk (n elements of `in`, buffer b): this rank publishes
+// all of its chunk but its own slice, waits for every rank, reduces its slice from its
+// own input and the others' buffers into its own buffer, and announces that.
+void reduce_own_slice(const Context& ctx, ShmGroup& g, int b, const uint8_t* in, size_t n,
+                      bool avg) {
+  const size_t e = ctx.elem;
+  const int me = g.local_rank(), p = g.local_size();
+  const size_t mine = block_begin(n, p, me), mine_n = block_count(n, p, me);
+  copy_around(g.buffer(me, b), in, n, mine, mine_n, e);
+  g.arrive();
+  g.wait_all();
+  uint8_t* slice = g.buffer(me, b) + mine * e;
+  reduce_all(ctx, g, b, mine, mine_n, slice, in + mine * e);
+  average(ctx, slice, mine_n, avg);
+  g.arrive();
+}
+
+// Every rank's slice of the chunk (n elements, buffer b), from its owner's buffer to
+// its place in `out`.
+void copy_slices(const Context& ctx, const ShmGroup& g, int b, size_t n, uint8_t* out,
+                 bool stream) {
+  const size_t e = ctx.elem;
+  const int p = g.local_size();
+  for (int r = 0; r < p; ++r) {
+    const size_t from = block_begin(n, p, r), bytes = block_count(n, p, r) * e;
+    if (stream) stream_copy(out + from * e, g.buffer(r, b) + from * e, bytes);
+    else std::memcpy(out + from * e, g.buffer(r, b) + from * e, bytes);
+  }
+}
+
+}  // namespace
+
+void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
+                   bool avg) {
+  if (count == 0) return;
+  const size_t e = ctx.elem, chunk = g.buffer_bytes() / e;
+  const int me = g.local_rank();
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  g.expect(describe(ctx, "allreduce", count));
+  const bool stream = count * e >= kStreamBytes;
+  for (size_t at = 0; at < count; at += chunk) {
+    const size_t n = std::min(chunk, count - at);
+    const int b = g.next_buffer();
+    if (n * e <= kSmallBytes) {
+      std::memcpy(g.buffer(me, b), src + at * e, n * e);
+      g.arrive();
+      g.wait_all();
+      reduce_all(ctx, g, b, 0, n, dst + at * e);
+      average(ctx, dst + at * e, n, avg);
+      continue;
+    }
+    reduce_own_slice(ctx, g, b, src + at * e, n, avg);
+    g.wait_all();
+    copy_slices(ctx, g, b, n, dst + at * e, stream);
+  }
+  if (stream) stream_done();
+}
+
+void shm_reduce(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
+                int root) {
+  if (count == 0) return;
+  const size_t e = ctx.elem, chunk = g.buffer_bytes() / e;
+  const auto* src = static_cast<const uint8_t*>(in);
+  const bool is_root = g.local_rank() == root;
+  g.expect(describe(ctx, "reduce", count, root));
+  for (size_t at = 0; at < count; at += chunk) {
+    const size_t n = std::min(chunk, count - at);
+    const int b = g.next_buffer();
+    // Slices are reduced into their owners' buffers, not into the root's output, which
+    // may be the root's input; only the root then reads them.
+    reduce_own_slice(ctx, g, b, src + at * e, n, ctx.average);
+    if (!is_root) continue;
+    g.wait_all();
+    copy_slices(ctx, g, b, n, static_cast<uint8_t*>(out) + at * e, false);
+  }
+}
+
+void shm_broadcast(const Context& ctx, ShmGroup& g, void* buf, size_t count, int root) {
+  if (count == 0) return;
+  const size_t e = ctx.elem, chunk = g.buffer_bytes() / e;
+  const int me = g.local_rank();
+  auto* data = static_cast<uint8_t*>(buf);
+  g.expect(describe(ctx, "broadcast", count, root));
+  for (size_t at = 0; at < count; at += chunk) {
+    const size_t n = std::min(chunk, count - at);
+    const int b = g.next_buffer();
+    if (me == root) std::memcpy(g.buffer(me, b), data + at * e, n * e);
+    g.arrive();
+    g.wait_all();
+    if (me != root) std::memcpy(data + at * e, g.buffer(root, b), n * e);
+  }
+}
+
+void shm_allgather_blocks(const Context& ctx, ShmGroup& g, const void* in, void* out,
+                          size_t total) {
+  if (total == 0) return;
+  const size_t e = ctx.elem, chunk = g.buffer_bytes() / e;
+  const int me = g.local_rank(), p = g.local_size();
+  const size_t largest = block_count(total, p, 0);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  g.expect(describe(ctx, "allgather", total));
+  for (size_t at = 0; at < largest; at += chunk) {
+    const int b = g.next_buffer();
+    const size_t my_n = std::min(chunk, block_count(total, p, me) - std::min(at, block_count(total, p, me)));
+    std::memcpy(g.buffer(me, b), src + at * e, my_n * e);
+    g.arrive();
+    g.wait_all();
+    for (int r = 0; r < p; ++r) {
+      if (r == me) continue;
+      const size_t have = block_count(total, p, r);
+      const size_t n = std::min(chunk, have - std::min(at, have));
+      std::memcpy(dst + (block_begin(total, p, r) + at) * e, g.buffer(r, b), n * e);
+    }
+  }
+  // `in` may already be out's own block; otherwise place it.
+  uint8_t* own = dst + block_begin(total, p, me) * e;
+  if (own != src) std::memmove(own, src, block_count(total, p, me) * e);
+}
+
+void shm_reduce_scatter_blocks(const Context& ctx, ShmGroup& g, const void* in, void* out,
+                               size_t total, bool avg) {
+  if (total == 0) return;
+  const int me = g.local_rank(), p = g.local_size();
+  const size_t e = ctx.elem, chunk = std::max<size_t>(1, g.buffer_bytes() / (e * p));
+  const size_t largest = block_count(total, p, 0);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  g.expect(describe(ctx, "reduce_scatter", total));
+  for (size_t at = 0; at < largest; at += chunk) {
+    const int b = g.next_buffer();
+    // Pieces of every block go to slots of `chunk` elements in this rank's buffer.
+    for (int r = 0; r < p; ++r) {
+      const size_t have = block_count(total, p, r);
+      const size_t n = std::min(chunk, have - std::min(at, have));
+      std::memcpy(g.buffer(me, b) + r * chunk * e, src + (block_begin(total, p, r) + at) * e, n * e);
+    }
+    g.arrive();
+    g.wait_all();
+    const size_t have = block_count(total, p, me);
+    const size_t n = std::min(chunk, have - std::min(at, have));
+    if (n == 0) continue;
+    reduce_all(ctx, g, b, me * chunk, n, dst + at * e);
+    average(ctx, dst + at * e, n, avg);
+  }
+}
+
+void shm_barrier(const Context& ctx, ShmGroup& g) {
+  g.expect(describe(ctx, "barrier", 0));
+  g.arrive();
+  g.wait_all();
+}
+
+}  // namespace chorus::algorithms

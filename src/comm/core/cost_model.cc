@@ -1,0 +1,193 @@
+#include "comm/core/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+#include "chorus/error.h"
+
+namespace chorus::internal {
+namespace {
+
+struct Link {
+  double alpha_us, us_per_byte;
+  double time(double bytes) const { return alpha_us + bytes * us_per_byte; }
+};
+
+Link tcp(const CostParams& p) { return {p.tcp_alpha_us, 1e-3 / p.tcp_gbps}; }
+double reduce_us(const CostParams& p, double bytes) { return bytes * 1e-3 / p.reduce_gbps; }
+double shm_copy_us(const CostParams& p, double bytes) { return bytes * 1e-3 / p.shm_gbps; }
+
+constexpr double kRingSegmentBytes = 512 * 1024;  // communicator.cc's kSegmentBytes
+
+int floor_log2(int n) {
+  int k = 0;
+  while ((2 << k) <= n) ++k;
+  return k;
+}
+
+// ---- allreduce over tcp among `ranks`
+double rd_allreduce(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  int steps = floor_log2(ranks);
+  bool folded = (1 << steps) != ranks;
+  Link l = tcp(p);
+  return (steps + (folded ? 2 : 0)) * l.time(n) + (steps + folded) * reduce_us(p, n);
+}
+
+double hd_allreduce(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  int steps = floor_log2(ranks);
+  int pow2 = 1 << steps;
+  bool folded = pow2 != ranks;
+  Link l = tcp(p);
+  double part = static_cast<double>(pow2 - 1) / pow2 * n;
+  return 2 * steps * l.alpha_us + 2 * part * l.us_per_byte + reduce_us(p, part) +
+         (folded ? 2 * l.time(n) + reduce_us(p, n) : 0);
+}
+
+double ring_allreduce(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  double part = static_cast<double>(ranks - 1) / ranks * n;
+  // Pipelined: a segment is reduced while the next one travels, so only about one
+  // segment's reduction shows.
+  return 2 * (ranks - 1) * l.alpha_us + 2 * part * l.us_per_byte +
+         reduce_us(p, std::min(part, kRingSegmentBytes));
+}
+
+double best_tcp_allreduce(int ranks, double n, const CostParams& p) {
+  return std::min({rd_allreduce(ranks, n, p), hd_allreduce(ranks, n, p), ring_allreduce(ranks, n, p)});
+}
+
+double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
+
+// Direct shared memory: copy in, reduce a slice from every rank, copy all out.
+double shm_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
+  if (n <= 8 * 1024) return p.shm_alpha_us + shm_copy_us(p, n) + reduce_us(p, (ranks - 1) * n);
+  return 2 * chunks(n, s) * p.shm_alpha_us + shm_copy_us(p, 2 * n) + reduce_us(p, n);
+}
+
+double shm_reduce_scatter(double n, const Shape& s, const CostParams& p) {
+  return chunks(n, s) * p.shm_alpha_us + shm_copy_us(p, n) + reduce_us(p, n / s.local_size);
+}
+
+double shm_allgather(double n, const Shape& s, const CostParams& p) {
+  return chunks(n / s.local_size, s) * p.shm_alpha_us + shm_copy_us(p, n);
+}
+
+double hier_allreduce(double n, const Shape& s, const CostParams& p) {
+  double intra = s.shm ? shm_reduce_scatter(n, s, p) + shm_allgather(n, s, p)
+                       : ring_allreduce(s.local_size, n, p);
+  return intra + best_tcp_allreduce(s.nodes, n / s.local_size, p);
+}
+
+// ---- broadcast: binomial tree or pipelined chain over tcp
+double tcp_broadcast(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  double tree = std::ceil(std::log2(ranks)) * l.time(n);
+  double segments = std::max(1.0, std::ceil(n / kRingSegmentBytes));
+  double chain = (ranks - 1 + segments - 1) * l.time(n / segments);
+  return std::min(tree, chain);
+}
+
+double shm_broadcast(double n, const Shape& s, const CostParams& p) {
+  return chunks(n, s) * p.shm_alpha_us + shm_copy_us(p, 2 * n);
+}
+
+// ---- allgather (n = the whole result): ring over tcp
+double tcp_allgather(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  return (ranks - 1) * l.alpha_us + static_cast<double>(ranks - 1) / ranks * n * l.us_per_byte;
+}
+
+}  // namespace
+
+CostParams parse_cost_params(const std::string& text) {
+  CostParams p;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    size_t eq = item.find('=');
+    std::string key = item.substr(0, eq);
+    std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    char* end = nullptr;
+    double v = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(v > 0) || !std::isfinite(v)) {
+      throw ConfigError("CHORUS_COST_MODEL: '" + item + "' needs a positive number after '='");
+    }
+    if (key == "tcp_alpha_us") p.tcp_alpha_us = v;
+    else if (key == "tcp_gbps") p.tcp_gbps = v;
+    else if (key == "shm_alpha_us") p.shm_alpha_us = v;
+    else if (key == "shm_gbps") p.shm_gbps = v;
+    else if (key == "reduce_gbps") p.reduce_gbps = v;
+    else {
+      throw ConfigError("CHORUS_COST_MODEL: unknown parameter '" + key +
+                        "' (tcp_alpha_us, tcp_gbps, shm_alpha_us, shm_gbps, reduce_gbps)");
+    }
+  }
+  return p;
+}
+
+double predicted_us(const char* collective, Algorithm a, size_t bytes, const Shape& s,
+                    const CostParams& p) {
+  const std::string c = collective;
+  const double n = static_cast<double>(bytes);
+  const double never = std::numeric_limits<double>::infinity();
+  const bool one_node_shm = s.shm && s.nodes == 1;
+  if (c == "allreduce") {
+    switch (a) {
+      case Algorithm::kRecursiveDoubling: return rd_allreduce(s.size, n, p);
+      case Algorithm::kHalvingDoubling: return hd_allreduce(s.size, n, p);
+      case Algorithm::kRing: return ring_allreduce(s.size, n, p);
+      case Algorithm::kShmDirect: return one_node_shm ? shm_allreduce(s.size, n, s, p) : never;
+      case Algorithm::kHierarchical: return s.hierarchical ? hier_allreduce(n, s, p) : never;
+      default: return never;
+    }
+  }
+  if (c == "broadcast") {
+    switch (a) {
+      case Algorithm::kShmDirect: return one_node_shm ? shm_broadcast(n, s, p) : never;
+      case Algorithm::kHierarchical:
+        return s.hierarchical ? tcp_broadcast(s.nodes, n, p) +
+                                    (s.shm ? shm_broadcast(n, s, p) : tcp_broadcast(s.local_size, n, p))
+                              : never;
+      case Algorithm::kAuto: return tcp_broadcast(s.size, n, p);
+      default: return never;
+    }
+  }
+  if (c == "allgather") {
+    switch (a) {
+      case Algorithm::kShmDirect: return one_node_shm ? shm_allgather(n, s, p) : never;
+      case Algorithm::kHierarchical:
+        return s.hierarchical ? (s.shm ? shm_allgather(n / s.nodes, s, p)
+                                       : tcp_allgather(s.local_size, n / s.nodes, p)) +
+                                    tcp_allgather(s.nodes, n, p)
+                              : never;
+      case Algorithm::kRing: return tcp_allgather(s.size, n, p);
+      default: return never;
+    }
+  }
+  return never;
+}
+
+Algorithm cheapest(const char* collective, size_t bytes, const Shape& shape, const CostParams& p,
+                   std::span<const Algorithm> candidates) {
+  Algorithm best = candidates.front();
+  double best_us = std::numeric_limits<double>::infinity();
+  for (Algorithm a : candidates) {
+    double us = predicted_us(collective, a, bytes, shape, p);
+    if (us < best_us) {
+      best_us = us;
+      best = a;
+    }
+  }
+  return best;
+}
+
+}  // namespace chorus::internal

@@ -1,0 +1,48 @@
+// Chooses an algorithm by predicted time: each algorithm's cost is latency (alpha, per
+// message or per shared-memory phase) plus bytes over bandwidth (per transport), plus
+// the bytes it reduces over the reduction speed, for the communicator's shape. The
+// parameters default to what chorus-bench measured on a 2-core VM over loopback and
+// /dev/shm; CHORUS_COST_MODEL sets them for other machines. CHORUS_ALGO and
+// CHORUS_TRANSPORT override the choice (communicator.cc).
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "chorus/communicator.h"
+
+namespace chorus::internal {
+
+struct CostParams {
+  double tcp_alpha_us = 9.0;   // one message over tcp, including the operation's overhead
+  double tcp_gbps = 2.5;       // tcp stream bandwidth, GB/s
+  double shm_alpha_us = 1.5;   // one shared-memory phase (arrive + wait)
+  double shm_gbps = 8.0;       // memcpy into or out of the segment, GB/s
+  double reduce_gbps = 8.0;    // reduction of two streams into a third, GB/s of output
+};
+
+// CHORUS_COST_MODEL: comma-separated key=value pairs overriding the defaults, keys
+// tcp_alpha_us, tcp_gbps, shm_alpha_us, shm_gbps, reduce_gbps. Throws ConfigError on an
+// unknown key or a value that is not a positive number.
+CostParams parse_cost_params(const std::string& text);
+
+struct Shape {
+  int size = 1;          // ranks
+  int nodes = 1;
+  int local_size = 1;    // ranks per node (uniform when hierarchical is possible)
+  bool shm = false;      // the ranks of a node share a segment
+  bool hierarchical = false;  // uniform, several nodes, several ranks per node
+  size_t shm_chunk = 256 * 1024;  // bytes per shared-memory buffer
+};
+
+// Predicted microseconds of `collective` ("allreduce", "broadcast", "allgather") on
+// `bytes` (for allgather: the whole result) with `algorithm`.
+double predicted_us(const char* collective, Algorithm algorithm, size_t bytes, const Shape& shape,
+                    const CostParams& p);
+
+// The candidate with the lowest predicted time.
+Algorithm cheapest(const char* collective, size_t bytes, const Shape& shape, const CostParams& p,
+                   std::span<const Algorithm> candidates);
+
+}  // namespace chorus::internal

@@ -1,0 +1,66 @@
+#include "comm/core/topology.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+
+namespace chorus {
+
+bool Topology::uniform() const {
+  if (node_ranks.empty()) return false;
+  size_t per_node = node_ranks[0].size();
+  for (const std::vector<int>& ranks : node_ranks) {
+    if (ranks.size() != per_node) return false;
+  }
+  return true;
+}
+
+namespace internal {
+
+std::string local_node_id(const std::string& override_id) {
+  if (!override_id.empty()) return override_id;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  std::string boot_id;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot_id);
+  return std::string(host) + "/" + boot_id;
+}
+
+Topology topology_from_ids(const std::vector<std::string>& ids, int rank) {
+  Topology t;
+  std::map<std::string, int> node_index;
+  t.node_of.resize(ids.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    auto [it, added] = node_index.emplace(ids[r], static_cast<int>(t.node_ranks.size()));
+    if (added) t.node_ranks.emplace_back();
+    t.node_of[r] = it->second;
+    t.node_ranks[it->second].push_back(static_cast<int>(r));
+  }
+  t.nodes = static_cast<int>(t.node_ranks.size());
+  t.node = t.node_of[rank];
+  const std::vector<int>& mine = t.node_ranks[t.node];
+  t.local_size = static_cast<int>(mine.size());
+  for (int i = 0; i < t.local_size; ++i) {
+    if (mine[i] == rank) t.local_rank = i;
+  }
+  return t;
+}
+
+Topology discover_topology(Store& store, int rank, int size, const std::string& node_id) {
+  store.set("topology/" + std::to_string(rank), Bytes(node_id.begin(), node_id.end()));
+  std::vector<std::string> ids(size);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      ids[r] = node_id;
+      continue;
+    }
+    Bytes b = store.get("topology/" + std::to_string(r));
+    ids[r].assign(b.begin(), b.end());
+  }
+  return topology_from_ids(ids, rank);
+}
+
+}  // namespace internal
+}  // namespace chorus

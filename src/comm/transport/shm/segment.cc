@@ -1,0 +1,135 @@
+#include "comm/transport/shm/segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "chorus/error.h"
+
+namespace chorus::transport::shm {
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+[[noreturn]] void fail(const std::string& what, const std::string& name, int err) {
+  throw SystemError("shared memory: " + what + " '/dev/shm/" + name + "' failed: " +
+                    errno_text(err));
+}
+
+std::string new_name() {
+  std::random_device rd;
+  uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s%d.%016llx", kSegmentPrefix, static_cast<int>(getpid()),
+                static_cast<unsigned long long>(r));
+  return buf;
+}
+
+uint8_t* map(int fd, size_t bytes, const std::string& name) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) fail("mapping", name, errno);
+  return static_cast<uint8_t*>(p);
+}
+
+}  // namespace
+
+Segment::~Segment() {
+  if (data_ != nullptr) munmap(data_, size_);
+}
+
+Segment::Segment(Segment&& o) noexcept { *this = std::move(o); }
+
+Segment& Segment::operator=(Segment&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) munmap(data_, size_);
+    name_ = std::move(o.name_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    linked_ = std::exchange(o.linked_, false);
+  }
+  return *this;
+}
+
+Segment Segment::create(size_t bytes) {
+  Segment s;
+  s.name_ = new_name();
+  int fd = shm_open(("/" + s.name_).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) fail("creating", s.name_, errno);
+  s.linked_ = true;
+  // posix_fallocate reserves the pages: a /dev/shm too small fails here, clearly,
+  // instead of killing the job with SIGBUS on first touch.
+  int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err != 0) {
+    close(fd);
+    s.unlink();
+    fail("reserving " + std::to_string(bytes) + " bytes for", s.name_, err);
+  }
+  try {
+    s.data_ = map(fd, bytes, s.name_);
+  } catch (...) {
+    close(fd);
+    s.unlink();
+    throw;
+  }
+  close(fd);
+  s.size_ = bytes;
+  return s;
+}
+
+Segment Segment::open(const std::string& name, size_t bytes) {
+  Segment s;
+  s.name_ = name;
+  int fd = shm_open(("/" + name).c_str(), O_RDWR, 0600);
+  if (fd < 0) fail("opening", name, errno);
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    close(fd);
+    throw SystemError("shared memory: '/dev/shm/" + name + "' has " +
+                      std::to_string(st.st_size) + " bytes, expected " + std::to_string(bytes));
+  }
+  try {
+    s.data_ = map(fd, bytes, name);
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  close(fd);
+  s.size_ = bytes;
+  return s;
+}
+
+void Segment::unlink() {
+  if (!linked_) return;
+  shm_unlink(("/" + name_).c_str());
+  linked_ = false;
+}
+
+int remove_stale_segments() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  size_t prefix = std::strlen(kSegmentPrefix);
+  while (struct dirent* e = readdir(dir)) {
+    std::string name = e->d_name;
+    if (name.compare(0, prefix, kSegmentPrefix) != 0) continue;
+    char* end = nullptr;
+    long pid = std::strtol(name.c_str() + prefix, &end, 10);
+    if (end == nullptr || *end != '.' || pid <= 0) continue;
+    // ESRCH: no such process. EPERM means it exists (another user's): keep it.
+    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    }
+  }
+  closedir(dir);
+  return removed;
+}
+
+}  // namespace chorus::transport::shm

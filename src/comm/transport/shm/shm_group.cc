@@ -1,0 +1,388 @@
+#include "comm/transport/shm/shm_group.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "chorus/error.h"
+#include "comm/common/logging.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace chorus::transport::shm {
+namespace {
+
+constexpr uint64_t kMagic = 0x6d68732d73756f68ULL;  // "hous-shm"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kControlBytes = 1024;
+constexpr size_t kReasonBytes = 768;
+
+enum State : uint32_t { kActive = 0, kClosed = 1, kAborted = 2 };
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+size_t data_offset(int local_size) {
+  return round_up(kHeaderBytes + static_cast<size_t>(local_size) * kControlBytes, 4096);
+}
+
+size_t segment_bytes(int local_size, size_t buffer_bytes) {
+  return data_offset(local_size) + static_cast<size_t>(local_size) * 2 * buffer_bytes;
+}
+
+void futex_wait_shared(uint32_t* word, uint32_t old, std::chrono::milliseconds timeout) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000) * 1000000L;
+  // Not FUTEX_PRIVATE: the word is shared between processes.
+  syscall(SYS_futex, word, FUTEX_WAIT, old, &ts, nullptr, 0);
+}
+
+void futex_wake_shared(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  long fd = syscall(SYS_pidfd_open, pid, 0);
+  return fd < 0 ? -1 : static_cast<int>(fd);
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+// /proc/<pid>/stat's state: a zombie has exited but is not reaped yet.
+bool process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return true;
+  char buf[512] = {};
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const char* close_paren = std::strrchr(buf, ')');
+  return n > 0 && close_paren != nullptr && close_paren[1] == ' ' && close_paren[2] == 'Z';
+}
+
+// Tells the CPU this is a spin-wait loop (frees the core's pipeline for its sibling).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
+
+template <typename T>
+std::atomic_ref<T> atomic(T& v) {
+  return std::atomic_ref<T>(v);
+}
+
+}  // namespace
+
+struct ShmGroup::Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t local_size;
+  uint64_t buffer_bytes;
+  alignas(64) uint32_t epoch;     // futex word: changes with every arrival and abort
+  alignas(64) uint32_t sleepers;  // ranks asleep on `epoch`
+};
+
+struct ShmGroup::Control {
+  alignas(64) uint64_t arrived;  // last phase this rank reached
+  alignas(64) uint32_t state;    // State
+  int32_t pid;
+  OpDesc desc[2];                // by phase parity: a fast peer may publish the next one
+  char reason[kReasonBytes];     // why it aborted, NUL-terminated
+};
+
+
+
+ShmGroup::Header& ShmGroup::header() const { return *reinterpret_cast<Header*>(segment_.data()); }
+
+ShmGroup::Control& ShmGroup::control(int i) const {
+  return *reinterpret_cast<Control*>(segment_.data() + kHeaderBytes +
+                                     static_cast<size_t>(i) * kControlBytes);
+}
+
+uint8_t* ShmGroup::buffer(int i, int which) const {
+  return data_ + (static_cast<size_t>(i) * 2 + static_cast<size_t>(which)) * config_.buffer_bytes;
+}
+
+ShmGroup::ShmGroup(const GroupConfig& config, Segment segment, int local_rank)
+    : config_(config),
+      segment_(std::move(segment)),
+      local_rank_(local_rank),
+      local_size_(static_cast<int>(config.members.size())) {
+  static_assert(sizeof(Control) <= kControlBytes && sizeof(Header) <= kHeaderBytes);
+  data_ = segment_.data() + data_offset(local_size_);
+  // More ranks than cores: a spinning rank takes the core from the one it waits for,
+  // so hand it over almost at once.
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  spin_limit_ = static_cast<unsigned>(local_size_) <= cores ? 20000 : 200;
+  pidfds_.assign(local_size_, -1);
+}
+
+ShmGroup::~ShmGroup() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& config,
+                                            std::string& why_not) {
+  const int local_size = static_cast<int>(config.members.size());
+  const int local_rank = static_cast<int>(
+      std::find(config.members.begin(), config.members.end(), config.rank) - config.members.begin());
+  const std::string base = "shm/node" + std::to_string(config.node) + "/";
+  const size_t bytes = segment_bytes(local_size, config.buffer_bytes);
+  auto text = [](const Bytes& b) { return std::string(b.begin(), b.end()); };
+  auto bytes_of = [](const std::string& s) { return Bytes(s.begin(), s.end()); };
+
+  Segment segment;
+  std::string error;
+  if (local_rank == 0) {
+    int stale = remove_stale_segments();
+    if (stale > 0) CHORUS_LOG(kInfo, "removed " + std::to_string(stale) + " stale chorus segment(s) from /dev/shm");
+    try {
+      segment = Segment::create(bytes);
+      Header& h = *reinterpret_cast<Header*>(segment.data());
+      h.magic = kMagic;
+      h.version = kVersion;
+      h.local_size = static_cast<uint32_t>(local_size);
+      h.buffer_bytes = config.buffer_bytes;
+      store.set(base + "name", bytes_of(segment.name()));
+    } catch (const Error& e) {
+      error = e.what();
+      store.set(base + "name", bytes_of("!" + error));
+    }
+  } else {
+    std::string name = text(store.get(base + "name"));
+    if (!name.empty() && name[0] == '!') {
+      error = "local rank 0 (rank " + std::to_string(config.members[0]) + ") could not create it: " + name.substr(1);
+    } else {
+      try {
+        segment = Segment::open(name, bytes);
+        const Header& h = *reinterpret_cast<const Header*>(segment.data());
+        if (h.magic != kMagic || h.version != kVersion ||
+            h.local_size != static_cast<uint32_t>(local_size) || h.buffer_bytes != config.buffer_bytes) {
+          throw SystemError("shared memory: '/dev/shm/" + name + "' has a different layout");
+        }
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+  }
+  std::unique_ptr<ShmGroup> group;
+  if (error.empty()) {
+    group.reset(new ShmGroup(config, std::move(segment), local_rank));
+    Control& mine = group->control(local_rank);
+    mine.pid = static_cast<int32_t>(getpid());
+    atomic(mine.state).store(kActive);
+  }
+  store.set(base + "ok/" + std::to_string(local_rank), bytes_of(error.empty() ? "ok" : error));
+  for (int i = 0; i < local_size; ++i) {
+    if (i == local_rank) continue;
+    std::string answer = text(store.get(base + "ok/" + std::to_string(i)));
+    if (answer != "ok" && error.empty()) {
+      error = "rank " + std::to_string(config.members[i]) + ": " + answer;
+    }
+  }
+  // Every local rank has mapped the segment (or given up): the name is not needed any
+  // more, and without it nothing is left behind whatever happens to the job.
+  if (group && local_rank == 0) group->segment_.unlink();
+  if (!error.empty()) {
+    if (group && local_rank == 0) group->segment_.unlink();
+    why_not = error;
+    return nullptr;
+  }
+  pid_t self = getpid();
+  for (int i = 0; i < local_size; ++i) {
+    pid_t pid = group->control(i).pid;
+    if (pid != self) group->pidfds_[i] = open_pidfd(pid);
+  }
+  group->next_liveness_check_ = std::chrono::steady_clock::now();
+  return group;
+}
+
+void ShmGroup::begin(const OpInfo& op) { op_ = op; }
+
+void ShmGroup::expect(const OpDesc& desc) {
+  desc_ = desc;
+  desc_pending_ = true;
+  check_pending_ = true;
+}
+
+void ShmGroup::wake() {
+  atomic(header().epoch).fetch_add(1, std::memory_order_seq_cst);
+  if (atomic(header().sleepers).load(std::memory_order_seq_cst) > 0) futex_wake_shared(&header().epoch);
+}
+
+void ShmGroup::arrive() {
+  ++phase_;
+  Control& mine = control(local_rank_);
+  if (desc_pending_) {
+    mine.desc[phase_ & 1] = desc_;
+    desc_pending_ = false;
+  }
+  atomic(mine.arrived).store(phase_, std::memory_order_release);
+  wake();
+}
+
+bool ShmGroup::all_arrived(uint64_t phase) const {
+  for (int i = 0; i < local_size_; ++i) {
+    if (atomic(control(i).arrived).load(std::memory_order_acquire) < phase) return false;
+  }
+  return true;
+}
+
+void ShmGroup::spin_until_arrived(uint64_t phase) {
+  for (int i = 0; i < spin_limit_; ++i) {
+    if (all_arrived(phase)) return;
+    if (i >= 64 && (i & 63) == 0) sched_yield();
+    cpu_relax();
+  }
+}
+
+void ShmGroup::wait_all() {
+  const uint64_t phase = phase_;
+  spin_until_arrived(phase);
+  while (!all_arrived(phase)) {
+    auto now = std::chrono::steady_clock::now();
+    bool liveness = now >= next_liveness_check_;
+    if (liveness) next_liveness_check_ = now + kLivenessPeriod;
+    check_peers(phase, liveness);
+    if (op_.deadline.expired()) fail_timeout(phase);
+    Header& h = header();
+    atomic(h.sleepers).fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seen = atomic(h.epoch).load(std::memory_order_seq_cst);
+    if (!all_arrived(phase)) {
+      auto nap = std::min<std::chrono::milliseconds>(kLivenessPeriod, op_.deadline.remaining());
+      futex_wait_shared(&h.epoch, seen, std::max(nap, std::chrono::milliseconds(1)));
+    }
+    atomic(h.sleepers).fetch_sub(1, std::memory_order_seq_cst);
+  }
+  if (check_pending_) {
+    check_pending_ = false;
+    check_descriptors();
+  }
+}
+
+void ShmGroup::check_peers(uint64_t phase, bool liveness) {
+  if (interrupted_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(interrupt_mutex_);
+    throw AbortedError(op_name() + " on " + rank_name(local_rank_) + " was aborted: " + interrupt_reason_);
+  }
+  for (int i = 0; i < local_size_; ++i) {
+    if (i == local_rank_) continue;
+    Control& c = control(i);
+    uint32_t state = atomic(c.state).load(std::memory_order_acquire);
+    if (state == kAborted) {
+      std::string reason(c.reason, strnlen(c.reason, kReasonBytes));
+      throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + rank_name(i) +
+                      " aborted: " + reason);
+    }
+    bool waiting_for_it = atomic(c.arrived).load(std::memory_order_acquire) < phase;
+    if (state == kClosed && waiting_for_it) {
+      throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + rank_name(i) +
+                      " closed the communicator without calling this operation");
+    }
+    if (!liveness || !waiting_for_it) continue;
+    bool gone = false;
+    if (pidfds_[i] >= 0) {
+      struct pollfd p = {pidfds_[i], POLLIN, 0};
+      gone = ::poll(&p, 1, 0) > 0;
+    } else if (c.pid != getpid()) {
+      gone = process_gone(c.pid);
+    }
+    if (gone) {
+      std::string who = rank_name(i);
+      who.insert(who.size() - 1, ", pid " + std::to_string(c.pid));
+      throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + who +
+                      " died: its process exited or was killed while this rank waited for it "
+                      "in shared memory");
+    }
+  }
+}
+
+void ShmGroup::check_descriptors() {
+  const int parity = static_cast<int>(phase_ & 1);
+  for (int i = 0; i < local_size_; ++i) {
+    const OpDesc& theirs = control(i).desc[parity];
+    if (theirs == desc_) continue;
+    auto describe = [](const OpDesc& d) {
+      std::ostringstream s;
+      s << op_code_name(d.code) << " (count " << d.count << ", dtype " << int(d.dtype)
+        << ", op " << int(d.reduce) << ", root " << d.root << ")";
+      return s.str();
+    };
+    throw PeerError(op_name() + " on " + rank_name(local_rank_) + ": " + rank_name(i) +
+                    " called " + describe(theirs) + " where this rank called " + describe(desc_) +
+                    "; every rank must call the same collectives in the same order with the "
+                    "same counts");
+  }
+}
+
+void ShmGroup::fail_timeout(uint64_t phase) const {
+  std::ostringstream m;
+  m << op_name() << " timed out on " << rank_name(local_rank_)
+    << " waiting in shared memory for:";
+  for (int i = 0; i < local_size_; ++i) {
+    if (atomic(control(i).arrived).load() < phase) m << " " << rank_name(i) << ";";
+  }
+  m << " (a peer is stopped, hung, or behind in a different operation)";
+  throw TimeoutError(m.str());
+}
+
+std::string ShmGroup::op_name() const {
+  return std::string(op_.name) + " #" + std::to_string(op_.seq);
+}
+
+std::string ShmGroup::rank_name(int local) const {
+  int r = config_.members[local];
+  const std::string& host = static_cast<size_t>(r) < config_.hosts.size() ? config_.hosts[r] : "?";
+  return "rank " + std::to_string(r) + " (host " + host + ")";
+}
+
+void ShmGroup::interrupt(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mutex_);
+    if (interrupted_.load()) return;
+    interrupt_reason_ = reason;
+  }
+  interrupted_.store(true, std::memory_order_release);
+  wake();
+}
+
+void ShmGroup::abort(const std::string& reason) {
+  if (left_) return;
+  left_ = true;
+  Control& mine = control(local_rank_);
+  size_t n = std::min(reason.size(), kReasonBytes - 1);
+  std::memcpy(mine.reason, reason.data(), n);
+  mine.reason[n] = '\0';
+  atomic(mine.state).store(kAborted, std::memory_order_release);
+  wake();
+}
+
+void ShmGroup::close() {
+  if (left_) return;
+  left_ = true;
+  atomic(control(local_rank_).state).store(kClosed, std::memory_order_release);
+  wake();
+}
+
+}  // namespace chorus::transport::shm

@@ -1,0 +1,127 @@
+// The ranks of one node, meeting in one shared-memory segment.
+//
+// Every local rank owns two buffers in the segment (used alternately, so that one
+// chunk can be filled while the previous one is still being read) and a control block
+// with its arrival counter. Direct algorithms (algorithms/shm_direct.cc) move data
+// through the buffers and synchronise in phases: arrive() publishes "I reached the
+// next phase", wait_all() returns once every local rank has. Every rank runs the same
+// sequence of phases, so the counters need no reset.
+//
+// Waiting spins briefly (less when the node has more ranks than cores) and then sleeps
+// on a futex in the segment; arrive() wakes sleepers only when there are any. While
+// waiting, the rank checks its peers: one that aborted (its reason is in its control
+// block), closed, or died (its process exited: seen through a pidfd within
+// kLivenessPeriod) turns into PeerError naming the operation, both ranks and hosts; the
+// operation's deadline into TimeoutError naming the ranks still awaited.
+//
+// The first phase of every operation also compares a descriptor of the collective
+// (kind, count, dtype, op, root) across ranks, so that ranks calling different
+// collectives fail with a message naming both instead of exchanging wrong data.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "chorus/store.h"
+#include "comm/transport/shm/segment.h"
+#include "comm/transport/transport.h"
+
+namespace chorus::transport::shm {
+
+// What each rank publishes about the collective it runs, compared at its first phase.
+struct OpDesc {
+  uint64_t count = 0;
+  uint8_t code = 0;   // op_code_of(name)
+  uint8_t dtype = 0;
+  uint8_t reduce = 0;
+  int32_t root = -1;
+  bool operator==(const OpDesc&) const = default;
+};
+
+struct GroupConfig {
+  int rank = 0;                     // this rank, communicator numbering
+  std::vector<int> members;         // the node's ranks (communicator numbering), ascending
+  std::vector<std::string> hosts;   // host of every rank of the communicator
+  int node = 0;                     // node index, for store keys
+  size_t buffer_bytes = 256 * 1024; // each of a rank's two buffers
+};
+
+class ShmGroup {
+ public:
+  static constexpr std::chrono::milliseconds kLivenessPeriod{50};
+
+  // Sets the group up through `store` (scoped to the communicator): local rank 0
+  // creates the segment and publishes its name, the others map it, then every rank
+  // reports whether it succeeded. Returns null on every rank of the node when any of
+  // them failed (the reason in `why_not`), so that all fall back together. The segment
+  // is unlinked once all have mapped it.
+  static std::unique_ptr<ShmGroup> connect(Store& store, const GroupConfig& config,
+                                           std::string& why_not);
+  ~ShmGroup();
+
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  // Communicator rank of local rank `i`.
+  int member(int i) const { return config_.members[i]; }
+  size_t buffer_bytes() const { return config_.buffer_bytes; }
+  // Buffer `which` (0 or 1) of local rank `i`.
+  uint8_t* buffer(int i, int which) const;
+  // The buffer the next chunk uses: alternates over every chunk of every operation.
+  int next_buffer() { return (buffer_turn_++) & 1; }
+
+  // Sets the operation reported in errors; called before every operation.
+  void begin(const OpInfo& op);
+  // The descriptor published with the operation's first arrival and compared at its
+  // first wait_all().
+  void expect(const OpDesc& desc);
+
+  void arrive();
+  void wait_all();
+
+  // Thread-safe: the wait in progress (or the next) throws AbortedError.
+  void interrupt(const std::string& reason);
+  // Tells the local peers that this rank aborted, with `reason`. Idempotent.
+  void abort(const std::string& reason);
+  // Tells the local peers that this rank left cleanly.
+  void close();
+
+ private:
+  struct Header;
+  struct Control;
+
+  ShmGroup(const GroupConfig& config, Segment segment, int local_rank);
+  Header& header() const;
+  Control& control(int i) const;
+  bool all_arrived(uint64_t phase) const;
+  void spin_until_arrived(uint64_t phase);
+  void check_peers(uint64_t phase, bool liveness);
+  void check_descriptors();
+  void wake();
+  [[noreturn]] void fail_timeout(uint64_t phase) const;
+  std::string op_name() const;
+  std::string rank_name(int local) const;
+
+  GroupConfig config_;
+  Segment segment_;
+  int local_rank_, local_size_;
+  uint8_t* data_ = nullptr;
+  uint64_t phase_ = 0;
+  uint64_t buffer_turn_ = 0;
+  OpInfo op_;
+  OpDesc desc_;
+  bool desc_pending_ = false;   // publish desc_ with the next arrival
+  bool check_pending_ = false;  // compare descriptors at the next wait_all
+  int spin_limit_;
+  std::vector<int> pidfds_;     // per local rank; -1 for this process or unavailable
+  std::chrono::steady_clock::time_point next_liveness_check_;
+  std::atomic<bool> interrupted_{false};
+  std::mutex interrupt_mutex_;
+  std::string interrupt_reason_;
+  bool left_ = false;
+};
+
+}  // namespace chorus::transport::shm

@@ -1,0 +1,68 @@
+// The cost model that picks algorithms: its parameters, and that its choices follow
+// the shape of the communicator the way the measurements behind the defaults did.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "chorus/error.h"
+#include "comm/core/cost_model.h"
+
+namespace chorus::internal {
+namespace {
+
+constexpr Algorithm kFlat[] = {Algorithm::kRecursiveDoubling, Algorithm::kHalvingDoubling,
+                               Algorithm::kRing};
+
+TEST(CostModel, ParsesParametersAndRejectsBadOnes) {
+  CostParams p = parse_cost_params("tcp_alpha_us=20,shm_gbps=12.5");
+  EXPECT_EQ(p.tcp_alpha_us, 20);
+  EXPECT_EQ(p.shm_gbps, 12.5);
+  EXPECT_EQ(p.tcp_gbps, CostParams{}.tcp_gbps);
+  EXPECT_EQ(parse_cost_params("").reduce_gbps, CostParams{}.reduce_gbps);
+  for (const char* bad : {"tcp_alpha_us", "tcp_alpha_us=", "tcp_alpha_us=0", "tcp_gbps=-1",
+                          "tcp_gbps=1x", "speed=3", "tcp_gbps=nan"}) {
+    EXPECT_THROW(parse_cost_params(bad), ConfigError) << bad;
+  }
+  try {
+    parse_cost_params("speed=3");
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown parameter 'speed'"), std::string::npos);
+  }
+}
+
+TEST(CostModel, LatencyAlgorithmsForSmallBandwidthAlgorithmsForLarge) {
+  CostParams p;
+  for (int size : {2, 3, 4, 8}) {
+    Shape s;
+    s.size = size;
+    EXPECT_EQ(cheapest("allreduce", 8, s, p, kFlat), Algorithm::kRecursiveDoubling) << size;
+    EXPECT_EQ(cheapest("allreduce", 256 << 20, s, p, kFlat), Algorithm::kRing) << size;
+  }
+  // The predicted time grows with the size for every algorithm.
+  Shape s;
+  s.size = 5;
+  for (Algorithm a : kFlat) {
+    EXPECT_LT(predicted_us("allreduce", a, 1024, s, p), predicted_us("allreduce", a, 1 << 20, s, p));
+  }
+}
+
+TEST(CostModel, SharedMemoryAndHierarchicalOnlyWhereTheShapeAllowsThem) {
+  CostParams p;
+  const Algorithm all[] = {Algorithm::kRecursiveDoubling, Algorithm::kHalvingDoubling,
+                           Algorithm::kRing, Algorithm::kShmDirect, Algorithm::kHierarchical};
+  Shape one_node{4, 1, 4, true, false};
+  EXPECT_EQ(cheapest("allreduce", 8, one_node, p, all), Algorithm::kShmDirect);
+  EXPECT_EQ(cheapest("allreduce", 64 << 20, one_node, p, all), Algorithm::kShmDirect);
+  Shape no_shm{4, 1, 4, false, false};
+  EXPECT_NE(cheapest("allreduce", 64 << 20, no_shm, p, all), Algorithm::kShmDirect);
+  // Two nodes of four: the tcp part of a hierarchical allreduce moves a quarter of the
+  // bytes among two ranks instead of everything among eight.
+  Shape two_nodes{8, 2, 4, true, true};
+  EXPECT_EQ(cheapest("allreduce", 64 << 20, two_nodes, p, all), Algorithm::kHierarchical);
+  EXPECT_TRUE(std::isinf(predicted_us("allreduce", Algorithm::kShmDirect, 8, two_nodes, p)));
+  Shape uneven{5, 2, 3, true, false};
+  EXPECT_TRUE(std::isinf(predicted_us("allreduce", Algorithm::kHierarchical, 8, uneven, p)));
+}
+
+}  // namespace
+}  // namespace chorus::internal

@@ -1,0 +1,170 @@
+// The shared-memory transport and the topology behind it, with ranks as threads:
+// which ranks share a node, when the direct shared-memory algorithms are chosen, that
+// segments leave nothing in /dev/shm, and sub-communicators and simulated nodes each
+// with their own segment. The collective sweep itself runs over shared memory in
+// collectives_test (ranks of one process share a node); the failure cases with real
+// processes are in process_test.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "chorus/chorus.h"
+#include "comm/core/topology.h"
+#include "util/ranks.h"
+
+namespace chorus {
+namespace {
+
+using test::run_threads;
+
+std::vector<std::string> our_segments() {
+  std::vector<std::string> found;
+  const std::string prefix = "chorus." + std::to_string(getpid()) + ".";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) found.push_back(name);
+  }
+  return found;
+}
+
+// Runs body(comm) on `size` rank threads, rank r with node_id node_of(r) ("" = real).
+void run_ranks(int size, CommOptions options, const std::function<std::string(int)>& node_of,
+               const std::function<void(Communicator&)>& body) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto errors = run_threads(size, [&](int rank) {
+    CommOptions o = options;
+    o.node_id = node_of(rank);
+    auto comm = Communicator::create(store, rank, size, o);
+    body(*comm);
+  });
+  test::rethrow_rank_failures(errors);
+}
+
+TEST(Topology, FromIdsNumbersNodesByLowestRank) {
+  Topology t = internal::topology_from_ids({"b", "a", "b", "c", "a"}, 4);
+  EXPECT_EQ(t.nodes, 3);
+  EXPECT_EQ(t.node_of, (std::vector<int>{0, 1, 0, 2, 1}));
+  EXPECT_EQ(t.node_ranks, (std::vector<std::vector<int>>{{0, 2}, {1, 4}, {3}}));
+  EXPECT_EQ(t.node, 1);
+  EXPECT_EQ(t.local_rank, 1);
+  EXPECT_EQ(t.local_size, 2);
+  EXPECT_FALSE(t.uniform());
+  EXPECT_TRUE(internal::topology_from_ids({"x", "y", "x", "y"}, 0).uniform());
+}
+
+TEST(Topology, RealNodeIdHasHostAndBootId) {
+  std::string id = internal::local_node_id("");
+  EXPECT_NE(id.find('/'), std::string::npos) << id;
+  EXPECT_GT(id.size(), 30u) << id;  // hostname + '/' + 36-character boot id
+  EXPECT_EQ(internal::local_node_id("sim3"), "sim3");
+}
+
+TEST(Shm, OneNodeUsesDirectSharedMemoryAndLeavesNoSegment) {
+  for (int size : {2, 3, 5, 8}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    run_ranks(size, test::test_options(), [](int) { return ""; }, [&](Communicator& c) {
+      const Topology& t = c.topology();
+      EXPECT_EQ(t.nodes, 1);
+      EXPECT_EQ(t.local_size, size);
+      EXPECT_EQ(t.local_rank, c.rank());
+      for (const char* op : {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
+                             "barrier"}) {
+        EXPECT_EQ(c.algorithm_for(op, 1 << 20), Algorithm::kShmDirect) << op;
+      }
+      // Every rank has mapped the segment once the communicator exists: its name is gone.
+      c.barrier().wait();
+      EXPECT_TRUE(our_segments().empty()) << our_segments().front();
+      std::vector<double> v(100000, c.rank() + 1.0);
+      c.allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kAvg).wait();
+      EXPECT_EQ(v.front(), (size + 1) / 2.0);
+      EXPECT_EQ(v.back(), (size + 1) / 2.0);
+    });
+  }
+  EXPECT_TRUE(our_segments().empty());
+}
+
+TEST(Shm, TcpTransportTurnsItOffAndForcedAlgorithmsWin) {
+  CommOptions tcp = test::test_options();
+  tcp.transport = TransportKind::kTcp;
+  run_ranks(3, tcp, [](int) { return ""; }, [](Communicator& c) {
+    EXPECT_NE(c.algorithm_for("allreduce", 1 << 20), Algorithm::kShmDirect);
+    EXPECT_EQ(c.topology().local_size, 3);  // the topology is known all the same
+  });
+  CommOptions ring = test::test_options();
+  ring.algorithm = Algorithm::kRing;
+  run_ranks(3, ring, [](int) { return ""; }, [](Communicator& c) {
+    EXPECT_EQ(c.algorithm_for("allreduce", 1 << 20), Algorithm::kRing);
+  });
+  CommOptions shm = test::test_options();
+  shm.transport = TransportKind::kShm;
+  run_ranks(2, shm, [](int) { return ""; }, [](Communicator& c) {
+    EXPECT_EQ(c.algorithm_for("allreduce", 8), Algorithm::kShmDirect);
+  });
+}
+
+// Five ranks on two simulated nodes (3 + 2, interleaved): every node gets its own
+// segment, the communicator spans both, and collectives are exact.
+TEST(Shm, SimulatedNodesEachMeetInTheirOwnSegment) {
+  run_ranks(5, test::test_options(), [](int r) { return "sim" + std::to_string(r % 2); },
+            [](Communicator& c) {
+              const Topology& t = c.topology();
+              EXPECT_EQ(t.nodes, 2);
+              EXPECT_EQ(t.node, c.rank() % 2);
+              EXPECT_EQ(t.local_size, c.rank() % 2 == 0 ? 3 : 2);
+              EXPECT_EQ(t.local_rank, c.rank() / 2);
+              EXPECT_NE(c.algorithm_for("allreduce", 1 << 20), Algorithm::kShmDirect);
+              std::vector<int64_t> v(70001, c.rank());
+              c.allreduce(v.data(), v.size(), DataType::kInt64, ReduceOp::kSum).wait();
+              EXPECT_EQ(v[0], 10);
+              EXPECT_EQ(v[70000], 10);
+            });
+}
+
+// A split by node gives one-node communicators, which then use shared memory; two of
+// them run at once on disjoint segments.
+TEST(Shm, SplitByNodeUsesSharedMemoryPerNode) {
+  run_ranks(6, test::test_options(), [](int r) { return "sim" + std::to_string(r / 3); },
+            [](Communicator& c) {
+              auto local = c.split(c.topology().node, c.rank());
+              ASSERT_TRUE(local);
+              EXPECT_EQ(local->size(), 3);
+              EXPECT_EQ(local->algorithm_for("allreduce", 1 << 20), Algorithm::kShmDirect);
+              std::vector<float> v(300001, static_cast<float>(c.rank()));
+              local->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kMax).wait();
+              float expect = c.rank() < 3 ? 2.0f : 5.0f;
+              EXPECT_EQ(v[0], expect);
+              EXPECT_EQ(v[300000], expect);
+              std::vector<int32_t> all(3);
+              int32_t mine = c.rank();
+              local->allgather(&mine, all.data(), 1, DataType::kInt32).wait();
+              EXPECT_EQ(all[0] + all[1] + all[2], c.rank() < 3 ? 3 : 12);
+            });
+}
+
+// Results of 64 MiB and more are written with streaming stores: an unaligned output
+// (offset by one element) and an odd count, in and out of place, on 3 ranks.
+TEST(Shm, LargeAllreduceWithStreamingStoresIsExact) {
+  constexpr size_t kCount = (size_t{64} << 20) / sizeof(float) + 5;
+  run_ranks(3, test::test_options(), [](int) { return ""; }, [](Communicator& c) {
+    ASSERT_EQ(c.algorithm_for("allreduce", kCount * sizeof(float)), Algorithm::kShmDirect);
+    std::vector<float> in(kCount + 1), out(kCount + 1, -1.0f);
+    for (size_t i = 0; i < kCount; ++i) in[i + 1] = static_cast<float>((i % 1000) + c.rank());
+    c.allreduce(in.data() + 1, out.data() + 1, kCount, DataType::kFloat32, ReduceOp::kSum).wait();
+    c.allreduce(in.data() + 1, kCount, DataType::kFloat32, ReduceOp::kSum).wait();
+    size_t wrong = 0;
+    for (size_t i = 0; i < kCount; ++i) {
+      float expect = static_cast<float>(3 * (i % 1000) + 3);
+      wrong += out[i + 1] != expect;
+      wrong += in[i + 1] != expect;
+    }
+    EXPECT_EQ(wrong, 0u);
+    EXPECT_EQ(out[0], -1.0f);  // nothing written before the output
+  });
+}
+
+}  // namespace
+}  // namespace chorus
