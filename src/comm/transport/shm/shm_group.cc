@@ -129,10 +129,8 @@ ShmGroup::ShmGroup(const GroupConfig& config, Segment segment, int local_rank)
       local_size_(static_cast<int>(config.members.size())) {
   static_assert(sizeof(Control) <= kControlBytes && sizeof(Header) <= kHeaderBytes);
   data_ = segment_.data() + data_offset(local_size_);
-  // More ranks than cores: a spinning rank takes the core from the one it waits for,
-  // so hand it over almost at once.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  spin_limit_ = static_cast<unsigned>(local_size_) <= cores ? 20000 : 200;
+  oversubscribed_ = static_cast<unsigned>(local_size_) > cores;
   pidfds_.assign(local_size_, -1);
 }
 
@@ -250,7 +248,16 @@ bool ShmGroup::all_arrived(uint64_t phase) const {
 }
 
 void ShmGroup::spin_until_arrived(uint64_t phase) {
-  for (int i = 0; i < spin_limit_; ++i) {
+  if (oversubscribed_) {
+    // The rank we wait for may need this very core: hand it over at once (a yield
+    // costs far less than a futex sleep and wake-up), a bounded number of times.
+    for (int i = 0; i < kOversubscribedYields; ++i) {
+      if (all_arrived(phase)) return;
+      sched_yield();
+    }
+    return;
+  }
+  for (int i = 0; i < kSpins; ++i) {
     if (all_arrived(phase)) return;
     if (i >= 64 && (i & 63) == 0) sched_yield();
     cpu_relax();

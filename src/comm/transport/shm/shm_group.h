@@ -115,7 +115,11 @@ class ShmGroup {
   OpDesc desc_;
   bool desc_pending_ = false;   // publish desc_ with the next arrival
   bool check_pending_ = false;  // compare descriptors at the next wait_all
-  int spin_limit_;
+  // More local ranks than cores: a spinning rank would take the core from the one it
+  // waits for, so waits yield instead of spinning.
+  bool oversubscribed_ = false;
+  static constexpr int kSpins = 20000;
+  static constexpr int kOversubscribedYields = 64;
   std::vector<int> pidfds_;     // per local rank; -1 for this process or unavailable
   std::chrono::steady_clock::time_point next_liveness_check_;
   std::atomic<bool> interrupted_{false};
