@@ -86,6 +86,27 @@ TEST(Failure, DifferentCollectivesAreAnError) {
   }
 }
 
+// The ring forwards a reduced segment from a receive slot and reuses the slot once
+// that send completed; a send completes only when the right neighbour reads it, behind
+// the whole first chunk. With fewer slots than segments per chunk, every rank could
+// wait for its right neighbour to read while none posted a receive: a deadlock as soon
+// as a chunk outgrew the socket buffers (seen with 4 ranks at 64 MiB as the first
+// operation). 16 MiB chunks of 512 KiB segments, over tcp.
+TEST(Failure, RingWithMoreSegmentsThanSlotsDoesNotDeadlock) {
+  CommOptions o = test::test_options();
+  o.transport = TransportKind::kTcp;
+  o.algorithm = Algorithm::kRing;
+  o.timeout = std::chrono::seconds(60);
+  constexpr size_t kCount = size_t{12} << 20;  // 48 MiB of f32: 16 MiB per chunk
+  auto msgs = run_and_collect(3, o, [](Communicator& c) {
+    std::vector<float> buf(kCount, static_cast<float>(c.rank() + 1));
+    c.allreduce(buf.data(), kCount, DataType::kFloat32, ReduceOp::kSum).wait();
+    EXPECT_EQ(buf.front(), 6.0f);
+    EXPECT_EQ(buf.back(), 6.0f);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(msgs[r], "") << "rank " << r;
+}
+
 TEST(Failure, AbsentRankTimesOutNamingIt) {
   CommOptions o = test::test_options();
   o.timeout = 1500ms;

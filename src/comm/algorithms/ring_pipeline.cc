@@ -1,7 +1,7 @@
 #include "comm/algorithms/ring_pipeline.h"
 
 #include <algorithm>
-#include <array>
+#include <vector>
 
 #include "comm/algorithms/algorithms.h"
 
@@ -9,8 +9,14 @@ namespace chorus::algorithms {
 namespace {
 
 // Receive slots for reduce-scatter segments. A slot is reused only once the send that
-// forwarded its content has completed.
-constexpr int kSlots = 4;
+// forwarded its content has completed, and that send completes only when the right
+// neighbour reads it: behind all of this rank's first-step segments (one chunk), which
+// the neighbour reads one receive at a time. With fewer slots than a chunk has
+// segments, every rank can end up waiting for a send while none posts a receive
+// (a deadlock once a chunk outgrows the socket buffers). One slot more than the
+// segments of a chunk means a rank only waits for a send that its neighbour read
+// before reaching the item this rank is on, so some rank can always go on.
+size_t slot_count(size_t segments_per_chunk) { return segments_per_chunk + 1; }
 
 struct Segmenting {
   size_t count = 1;  // segments per chunk
@@ -56,9 +62,10 @@ void run_ring(const Context& ctx, const RingPlan& plan) {
     t.isend(right, src, len);
   }
 
-  uint8_t* slots = rs > 0 ? ctx.scratch.get(kSlots * seg.bytes, 0) : nullptr;
-  std::array<transport::Request, kSlots> slot_send{};
-  std::array<bool, kSlots> slot_busy{};
+  const size_t n_slots = slot_count(seg.count);
+  uint8_t* slots = rs > 0 ? ctx.scratch.get(n_slots * seg.bytes, 0) : nullptr;
+  std::vector<transport::Request> slot_send(rs > 0 ? n_slots : 0);
+  std::vector<char> slot_busy(slot_send.size(), 0);
   size_t item = 0;
   for (int step = 0; step < total_steps; ++step) {
     const int c = recv_chunk(step);
@@ -71,10 +78,10 @@ void run_ring(const Context& ctx, const RingPlan& plan) {
         if (!last) t.isend(right, dst, len);
         continue;
       }
-      int s = static_cast<int>(item++ % kSlots);
+      const size_t s = item++ % n_slots;
       if (slot_busy[s]) {
         t.wait(slot_send[s]);
-        slot_busy[s] = false;
+        slot_busy[s] = 0;
       }
       uint8_t* slot = slots + s * seg.bytes;
       t.wait(t.irecv(left, slot, len));
@@ -86,7 +93,7 @@ void run_ring(const Context& ctx, const RingPlan& plan) {
       transport::Request req = t.isend(right, dst, len);
       if (!own) {
         slot_send[s] = req;
-        slot_busy[s] = true;
+        slot_busy[s] = 1;
       }
     }
   }
