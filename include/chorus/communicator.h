@@ -86,6 +86,11 @@ struct CommOptions {
   // Node identity (CHORUS_NODE_ID); empty: the hostname and the boot id. Ranks with the
   // same identity share memory.
   std::string node_id;
+  // Compare every collective's fingerprint (sequence number, collective, dtype, count,
+  // op, root) across ranks before it runs; a mismatch fails the collective on every
+  // rank with InvalidArgumentError listing what each rank called (CHORUS_DEBUG=DETAIL).
+  // Costs one small allgather per collective; off by default.
+  bool check_consistency = false;
   // Shared secret that every connection must present (CHORUS_JOB_TOKEN).
   std::string job_token;
   // Name of this communicator in the store; ranks of different communicators sharing a

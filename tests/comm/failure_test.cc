@@ -62,7 +62,9 @@ TEST(Failure, MismatchedCountsAreAnErrorOnBothRanks) {
           << msgs[r];
     }
   }
-  if (!over_shm(o)) EXPECT_TRUE(contains(msgs[0] + msgs[1], "mismatched message"));
+  if (!over_shm(o)) {
+    EXPECT_TRUE(contains(msgs[0] + msgs[1], "mismatched message"));
+  }
 }
 
 TEST(Failure, DifferentCollectivesAreAnError) {
@@ -105,6 +107,34 @@ TEST(Failure, RingWithMoreSegmentsThanSlotsDoesNotDeadlock) {
     EXPECT_EQ(buf.back(), 6.0f);
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(msgs[r], "") << "rank " << r;
+}
+
+// CHORUS_DEBUG=DETAIL (CommOptions::check_consistency): ranks compare fingerprints
+// before every collective, so a mismatch fails on every rank with what each called,
+// before any data moves, and the communicator stays usable.
+TEST(Failure, ConsistencyCheckListsWhatEveryRankCalled) {
+  CommOptions o = test::test_options();
+  o.check_consistency = true;
+  auto msgs = run_and_collect(3, o, [](Communicator& c) {
+    std::vector<float> buf(11, 1.0f);
+    std::string seen;
+    try {
+      if (c.rank() == 2) c.broadcast(buf.data(), 11, DataType::kFloat32, 1).wait();
+      else c.allreduce(buf.data(), c.rank() == 0 ? 10 : 11, DataType::kFloat32, ReduceOp::kMax).wait();
+    } catch (const InvalidArgumentError& e) {
+      seen = e.what();
+    }
+    // Usable afterwards: a matching collective goes through.
+    std::vector<float> v(5, static_cast<float>(c.rank()));
+    c.allreduce(v.data(), 5, DataType::kFloat32, ReduceOp::kSum).wait();
+    EXPECT_EQ(v[4], 3.0f);
+    if (!seen.empty()) throw InvalidArgumentError(seen);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(contains(msgs[r], "rank 0 called allreduce #0 (count 10, f32, max)")) << msgs[r];
+    EXPECT_TRUE(contains(msgs[r], "rank 1 called allreduce #0 (count 11, f32, max)")) << msgs[r];
+    EXPECT_TRUE(contains(msgs[r], "rank 2 called broadcast #0 (count 11, f32, root 1)")) << msgs[r];
+  }
 }
 
 TEST(Failure, AbsentRankTimesOutNamingIt) {

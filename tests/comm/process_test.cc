@@ -215,7 +215,9 @@ TEST(ProcessTest, StoppedRankRunsIntoTheDeadlineNamingIt) {
     // In shared memory a rank waits for every peer at once and names the stopped one;
     // over tcp it names the ring neighbour it was receiving from, which may be the
     // other survivor (issue 6's flight recorder tells which rank is behind).
-    if (over_shm()) EXPECT_TRUE(contains(err, "rank 1 (host")) << err;
+    if (over_shm()) {
+      EXPECT_TRUE(contains(err, "rank 1 (host")) << err;
+    }
   }
   EXPECT_TRUE(contains(job.rank(0).stderr_text() + job.rank(2).stderr_text(), "timed out"))
       << job.outputs();
@@ -242,7 +244,9 @@ TEST(ProcessTest, StaleSegmentsOfDeadJobsAreRemoved) {
     ASSERT_TRUE(job.rank(r).wait_for(seconds(120))) << job.outputs();
     EXPECT_EQ(job.rank(r).exit_code(), 0) << job.outputs();
   }
-  if (over_shm()) EXPECT_FALSE(std::filesystem::exists(stale)) << stale << " was not removed";
+  if (over_shm()) {
+    EXPECT_FALSE(std::filesystem::exists(stale)) << stale << " was not removed";
+  }
   EXPECT_TRUE(std::filesystem::exists(live)) << "a live process's segment was removed";
   std::filesystem::remove(stale);
   std::filesystem::remove(live);

@@ -1,5 +1,6 @@
 #include "comm/common/settings.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -68,6 +69,15 @@ milliseconds parse_duration(const std::string& name, const std::string& value, m
                       "' is not a positive duration (seconds, or a number with ms/s/m/h)");
   }
   return milliseconds(static_cast<int64_t>(n * scale_ms + 0.5));
+}
+
+bool debug_detail() {
+  std::string v = get_env("CHORUS_DEBUG").value_or("OFF");
+  for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (v != "OFF" && v != "INFO" && v != "DETAIL") {
+    throw ConfigError("CHORUS_DEBUG='" + v + "' is not one of OFF, INFO, DETAIL");
+  }
+  return v == "DETAIL";
 }
 
 std::string cost_model() { return get_env("CHORUS_COST_MODEL").value_or(""); }

@@ -46,6 +46,9 @@ std::string transport();
 // CHORUS_COST_MODEL: parameters of the algorithm cost model (cost_model.h), e.g.
 // "tcp_alpha_us=20,tcp_gbps=10"; empty when unset.
 std::string cost_model();
+// CHORUS_DEBUG: OFF (default) | INFO | DETAIL. DETAIL compares every collective's
+// fingerprint across ranks before it runs.
+bool debug_detail();
 // CHORUS_LOG_LEVEL: error | warn | info | debug, default warn.
 int log_level();
 // CHORUS_REDUCE_ISA: auto | portable | avx2 | avx512, default auto: the instruction

@@ -30,6 +30,14 @@ OpSpec reducing(const char* name, DataType dtype, ReduceOp op) {
   return s;
 }
 
+// The shape CHORUS_DEBUG=DETAIL compares across ranks: the per-rank element count
+// (alltoallv's vary by design and are checked by the collective itself) and the root.
+OpSpec shaped(OpSpec s, size_t count, int root = -1) {
+  s.count = count;
+  s.root = root;
+  return s;
+}
+
 void check_op(const Validator& v, ReduceOp op) {
   if (static_cast<int>(op) > static_cast<int>(ReduceOp::kAvg)) v.fail("unknown reduction op");
 }
@@ -54,7 +62,7 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
   v.buffer(recv, count, "recv");
   check_op(v, op);
   Algorithm algo = algorithm_for("allreduce", bytes);
-  return enqueue(reducing("allreduce", dtype, op), [=](const Context& ctx) {
+  return enqueue(shaped(reducing("allreduce", dtype, op), count), [=](const Context& ctx) {
     switch (algo) {
       case Algorithm::kRing: return alg::allreduce_ring(ctx, send, recv, count);
       case Algorithm::kHalvingDoubling:
@@ -76,7 +84,7 @@ Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, Dat
   if (rank_ == root) v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for("broadcast", bytes);
-  return enqueue(spec("broadcast", dtype), [=](const Context& ctx) {
+  return enqueue(shaped(spec("broadcast", dtype), count, root), [=](const Context& ctx) {
     if (ctx.rank == root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
     if (algo == Algorithm::kShmDirect) alg::shm_broadcast(ctx, *ctx.shm, recv, count, root);
     else if (algo == Algorithm::kHierarchical) alg::broadcast_hierarchical(ctx, recv, count, root);
@@ -94,7 +102,7 @@ Work CommunicatorImpl::reduce(const void* send, void* recv, size_t count, DataTy
   if (rank_ == root) v.buffer(recv, count, "recv");
   check_op(v, op);
   Algorithm algo = algorithm_for("reduce", bytes);
-  return enqueue(reducing("reduce", dtype, op), [=](const Context& ctx) {
+  return enqueue(shaped(reducing("reduce", dtype, op), count, root), [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) alg::shm_reduce(ctx, *ctx.shm, send, recv, count, root);
     else if (algo == Algorithm::kRing) alg::reduce_ring(ctx, send, recv, count, root);
     else alg::reduce_binomial(ctx, send, recv, count, root);
@@ -108,7 +116,7 @@ Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, Dat
   v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
-  return enqueue(spec("allgather", dtype), [=, this](const Context& ctx) {
+  return enqueue(shaped(spec("allgather", dtype), count), [=, this](const Context& ctx) {
     // algorithm_for reads only what is fixed at creation: safe on the progress thread.
     Algorithm algo = algorithm_for("allgather", count * size_ * ctx.elem);
     if (algo == Algorithm::kHierarchical) return alg::allgather_hierarchical(ctx, send, recv, count);
@@ -138,7 +146,7 @@ Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* rec
   std::vector<size_t> counts(recv_counts.begin(), recv_counts.end());
   std::vector<size_t> offsets =
       displs.empty() ? packed_displs(recv_counts) : std::vector<size_t>(displs.begin(), displs.end());
-  return enqueue(spec("allgatherv", dtype), [=](const Context& ctx) {
+  return enqueue(shaped(spec("allgatherv", dtype), send_count), [=](const Context& ctx) {
     alg::allgatherv_ring(ctx, send, recv, counts, offsets);
   });
 }
@@ -153,7 +161,7 @@ Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_
   v.buffer(send, total, "send");
   v.buffer(recv, recv_count, "recv");
   check_op(v, op);
-  return enqueue(reducing("reduce_scatter", dtype, op), [=, this](const Context& ctx) {
+  return enqueue(shaped(reducing("reduce_scatter", dtype, op), recv_count), [=, this](const Context& ctx) {
     if (algorithm_for("reduce_scatter", total * ctx.elem) == Algorithm::kShmDirect) {
       return alg::shm_reduce_scatter_blocks(ctx, *ctx.shm, send, recv, total, ctx.average);
     }
@@ -170,7 +178,7 @@ Work CommunicatorImpl::gather(const void* send, void* recv, size_t count, DataTy
   v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
   v.buffer(send, count, "send");
   if (rank_ == root) v.buffer(recv, count, "recv");
-  return enqueue(spec("gather", dtype), [=](const Context& ctx) {
+  return enqueue(shaped(spec("gather", dtype), count, root), [=](const Context& ctx) {
     alg::gather_direct(ctx, send, recv, count, root);
   });
 }
@@ -184,7 +192,7 @@ Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataT
   v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
   if (rank_ == root) v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
-  return enqueue(spec("scatter", dtype), [=](const Context& ctx) {
+  return enqueue(shaped(spec("scatter", dtype), count, root), [=](const Context& ctx) {
     alg::scatter_direct(ctx, send, recv, count, root);
   });
 }
@@ -196,7 +204,7 @@ Work CommunicatorImpl::alltoall(const void* send, void* recv, size_t count, Data
   size_t total_bytes = v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
-  return enqueue(spec("alltoall", dtype), [=, this](const Context& ctx) {
+  return enqueue(shaped(spec("alltoall", dtype), count), [=, this](const Context& ctx) {
     std::vector<size_t> counts(size_, count), displs(size_);
     for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
     const void* src = send;

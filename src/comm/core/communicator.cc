@@ -8,6 +8,7 @@
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "comm/algorithms/algorithms.h"
 #include "comm/core/cost_model.h"
 #include "comm/core/reduce.h"
 #include "comm/core/topology.h"
@@ -223,8 +224,6 @@ void CommunicatorImpl::run(Op& op) {
   info.seq = op.seq;
   info.kind = op.spec.collective ? transport::FrameKind::kCollective : transport::FrameKind::kP2P;
   info.deadline = Deadline(options_.timeout);
-  transport_->begin(info);
-  if (shm_) shm_->begin(info);
   algorithms::Context ctx{*transport_,
                           rank_,
                           size_,
@@ -238,6 +237,9 @@ void CommunicatorImpl::run(Op& op) {
                           op.spec.op,
                           shm_.get()};
   try {
+    if (options_.check_consistency && op.spec.collective && size_ > 1) check_consistency(op);
+    transport_->begin(info);
+    if (shm_) shm_->begin(info);
     op.body(ctx);
     op.work->complete(nullptr);
   } catch (const InvalidArgumentError&) {
@@ -257,6 +259,56 @@ void CommunicatorImpl::run(Op& op) {
     if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(std::current_exception());
     else op.work->complete(std::make_exception_ptr(SystemError(op.work->description() + ": " + reason)));
   }
+}
+
+namespace {
+
+// What CHORUS_DEBUG=DETAIL compares: fixed size, so that the exchange itself matches
+// on every rank whatever each one is about to run.
+struct Fingerprint {
+  uint64_t seq;
+  uint64_t count;
+  int32_t root;
+  uint8_t code;
+  uint8_t dtype;
+  uint8_t op;  // 0xff: no reduction
+  uint8_t pad;
+  bool operator==(const Fingerprint&) const = default;
+};
+
+std::string describe(const Fingerprint& f) {
+  std::string s = std::string(transport::op_code_name(f.code)) + " #" + std::to_string(f.seq) +
+                  " (count " + std::to_string(f.count) + ", " +
+                  dtype_name(static_cast<DataType>(f.dtype));
+  if (f.op != 0xff) s += std::string(", ") + op_name(static_cast<ReduceOp>(f.op));
+  if (f.root >= 0) s += ", root " + std::to_string(f.root);
+  return s + ")";
+}
+
+}  // namespace
+
+void CommunicatorImpl::check_consistency(const Op& op) {
+  transport::OpInfo info;
+  info.name = "consistency check";
+  info.code = transport::kConsistencyCheckCode;
+  info.seq = op.seq;
+  info.deadline = Deadline(options_.timeout);
+  transport_->begin(info);
+  Fingerprint mine{op.seq, op.spec.count, op.spec.root, transport::op_code_of(op.spec.name),
+                   static_cast<uint8_t>(op.spec.dtype),
+                   static_cast<uint8_t>(op.spec.reduces ? static_cast<uint8_t>(op.spec.op) : 0xff), 0};
+  std::vector<Fingerprint> all(size_);
+  std::vector<size_t> counts(size_, sizeof(Fingerprint)), displs(size_);
+  for (int r = 0; r < size_; ++r) displs[r] = r * sizeof(Fingerprint);
+  // Over tcp even where shared memory is used: a mismatch must not reach the segment.
+  algorithms::Context ctx{*transport_, rank_,         size_,     DataType::kUInt8, 1, nullptr,
+                          false,       scratch_,      kSegmentBytes, topology_};
+  algorithms::allgatherv_ring(ctx, &mine, all.data(), counts, displs);
+  bool same = std::all_of(all.begin(), all.end(), [&](const Fingerprint& f) { return f == mine; });
+  if (same) return;
+  std::string m = "collective mismatch found by CHORUS_DEBUG=DETAIL on " + where() + ":";
+  for (int r = 0; r < size_; ++r) m += " rank " + std::to_string(r) + " called " + describe(all[r]) + ";";
+  throw InvalidArgumentError(m + " every rank must call the same collectives in the same order");
 }
 
 void CommunicatorImpl::abort(const std::string& reason) {

@@ -31,6 +31,8 @@ struct OpSpec {
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
   bool reduces = false;
+  uint64_t count = 0;  // elements per rank, for the consistency check
+  int root = -1;
 };
 
 class CommunicatorImpl final : public Communicator,
@@ -90,6 +92,8 @@ class CommunicatorImpl final : public Communicator,
   void wake_progress_thread();
   void run(Op& op);
   void fail_aborted(Op& op);
+  // CHORUS_DEBUG=DETAIL: every rank's fingerprint of `op`, compared before it runs.
+  void check_consistency(const Op& op);
   std::string where() const;
   // Several nodes with the same number of ranks each, more than one per node.
   bool hierarchical_possible() const;

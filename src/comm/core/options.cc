@@ -30,6 +30,7 @@ CommOptions CommOptions::from_env() {
   o.algorithm = parse_algorithm(settings::algorithm());
   o.transport = parse_transport(settings::transport());
   o.node_id = settings::node_id();
+  o.check_consistency = settings::debug_detail();
   o.job_token = settings::job_token();
   o.listen_address = settings::if_ip();
   if (o.listen_address.empty()) {

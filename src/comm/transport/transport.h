@@ -36,7 +36,8 @@ enum class FrameKind : uint8_t {
 // a different collective than it is running can tell (p2p frames carry kSendRecv).
 inline constexpr const char* kOpNames[] = {
     "?",       "allreduce", "broadcast", "reduce",   "allgather", "allgatherv",
-    "reduce_scatter", "gather", "scatter", "alltoall", "alltoallv", "barrier", "send/recv"};
+    "reduce_scatter", "gather", "scatter", "alltoall", "alltoallv", "barrier", "send/recv",
+    "consistency check"};
 inline uint8_t op_code_of(const char* name) {
   std::string n = name;
   if (n == "send" || n == "recv") return 12;
@@ -45,7 +46,10 @@ inline uint8_t op_code_of(const char* name) {
   }
   return 0;
 }
-inline const char* op_code_name(uint8_t code) { return code <= 12 ? kOpNames[code] : "?"; }
+// The fingerprint exchange of CHORUS_DEBUG=DETAIL, the same on every rank whatever
+// collective it is about to run.
+inline constexpr uint8_t kConsistencyCheckCode = 13;
+inline const char* op_code_name(uint8_t code) { return code <= 13 ? kOpNames[code] : "?"; }
 
 // What the transport reports in errors and writes in headers for the current operation.
 struct OpInfo {

@@ -203,7 +203,6 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& con
   // more, and without it nothing is left behind whatever happens to the job.
   if (group && local_rank == 0) group->segment_.unlink();
   if (!error.empty()) {
-    if (group && local_rank == 0) group->segment_.unlink();
     why_not = error;
     return nullptr;
   }
