@@ -91,6 +91,11 @@ struct CommOptions {
   // rank with InvalidArgumentError listing what each rank called (CHORUS_DEBUG=DETAIL).
   // Costs one small allgather per collective; off by default.
   bool check_consistency = false;
+  // Flight recorder: operations kept (CHORUS_TRACE_BUFFER_SIZE, 0: off) and the
+  // directory they are written to on a timeout or abort (CHORUS_TRACE_DIR; empty:
+  // stderr). apps/chorus-trace merges the ranks' files.
+  size_t trace_buffer_size = 256;
+  std::string trace_dir;
   // Shared secret that every connection must present (CHORUS_JOB_TOKEN).
   std::string job_token;
   // Name of this communicator in the store; ranks of different communicators sharing a

@@ -3,7 +3,12 @@
 // must end in a clear error, never a hang.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -135,6 +140,47 @@ TEST(Failure, ConsistencyCheckListsWhatEveryRankCalled) {
     EXPECT_TRUE(contains(msgs[r], "rank 1 called allreduce #0 (count 11, f32, max)")) << msgs[r];
     EXPECT_TRUE(contains(msgs[r], "rank 2 called broadcast #0 (count 11, f32, root 1)")) << msgs[r];
   }
+}
+
+// The flight recorder: on the timeout every rank writes its last operations to the
+// trace directory, and chorus-trace names the rank that had not called the collective
+// the others were waiting in.
+TEST(Failure, FlightRecorderAndChorusTraceNameTheRankBehind) {
+  const std::string dir = ::testing::TempDir() + "chorus_trace_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  CommOptions o = test::test_options();
+  o.timeout = 1500ms;
+  o.trace_dir = dir;
+  o.comm_id = "traced";
+  auto msgs = run_and_collect(3, o, [](Communicator& c) {
+    std::vector<float> buf(1000, 1.0f);
+    for (int i = 0; i < 2; ++i) c.allreduce(buf.data(), 1000, DataType::kFloat32, ReduceOp::kSum).wait();
+    if (c.rank() == 2) std::this_thread::sleep_for(3s);  // busy elsewhere: behind
+    // Ranks 0 and 1 time out in #2. Rank 2 may still complete #2 (its peers had sent
+    // their part before giving up), but #3 fails for it.
+    for (int i = 2; i < 4; ++i) c.allreduce(buf.data(), 1000, DataType::kFloat32, ReduceOp::kSum).wait();
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(msgs[r].empty()) << "rank " << r;
+    std::string file = dir + "/chorus_trace_traced_rank" + std::to_string(r) + ".json";
+    ASSERT_TRUE(std::filesystem::exists(file)) << file;
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(contains(text, "\"seq\":1,\"kind\":\"collective\",\"op\":\"allreduce\"")) << text;
+    EXPECT_TRUE(contains(text, "\"state\":\"completed\"")) << text;
+    EXPECT_TRUE(contains(text, "\"state\":\"failed\"")) << text;
+  }
+  std::string cmd = std::string(CHORUS_BIN_DIR) + "/chorus-trace " + dir + " 2>&1";
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    EXPECT_EQ(pclose(p), 0) << out;
+  }
+  EXPECT_TRUE(contains(out, "BEHIND: rank 2 (host")) << out;
+  EXPECT_TRUE(contains(out, "had called only up to collective #1")) << out;
+  EXPECT_FALSE(contains(out, "BEHIND: rank 0")) << out;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Failure, AbsentRankTimesOutNamingIt) {

@@ -71,6 +71,13 @@ milliseconds parse_duration(const std::string& name, const std::string& value, m
   return milliseconds(static_cast<int64_t>(n * scale_ms + 0.5));
 }
 
+int64_t trace_buffer_size() {
+  auto v = get_env("CHORUS_TRACE_BUFFER_SIZE");
+  return v ? parse_int("CHORUS_TRACE_BUFFER_SIZE", *v, 0, 1000000) : 256;
+}
+
+std::string trace_dir() { return get_env("CHORUS_TRACE_DIR").value_or(""); }
+
 bool debug_detail() {
   std::string v = get_env("CHORUS_DEBUG").value_or("OFF");
   for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));

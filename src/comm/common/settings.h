@@ -49,6 +49,11 @@ std::string cost_model();
 // CHORUS_DEBUG: OFF (default) | INFO | DETAIL. DETAIL compares every collective's
 // fingerprint across ranks before it runs.
 bool debug_detail();
+// CHORUS_TRACE_BUFFER_SIZE: operations each communicator's flight recorder keeps
+// (default 256, 0 turns it off). CHORUS_TRACE_DIR: where it writes them on a timeout or
+// abort (empty: stderr).
+int64_t trace_buffer_size();
+std::string trace_dir();
 // CHORUS_LOG_LEVEL: error | warn | info | debug, default warn.
 int log_level();
 // CHORUS_REDUCE_ISA: auto | portable | avx2 | avx512, default auto: the instruction

@@ -48,7 +48,11 @@ std::string choose_listen_address(const CommOptions& options, Store* store) {
 
 CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int size,
                                    CommOptions options)
-    : rank_(rank), size_(size), options_(std::move(options)), user_store_(std::move(store)) {
+    : rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      user_store_(std::move(store)),
+      recorder_(options_.trace_buffer_size) {
   PrefixStore scoped("chorus/comm/" + options_.comm_id, user_store_);
   transport::tcp::TcpOptions tcp;
   tcp.listen_address = choose_listen_address(options_, user_store_.get());
@@ -116,7 +120,10 @@ Work CommunicatorImpl::enqueue(const OpSpec& spec, OpBody body) {
     uint64_t seq = spec.collective ? next_collective_++ : next_p2p_++;
     std::string desc = std::string(spec.name) + " #" + std::to_string(seq);
     work = std::make_shared<WorkState>(desc, weak_from_this());
-    queue_.push_back(Op{spec, seq, std::move(body), work});
+    size_t slot = recorder_.enabled() ? recorder_.queued(seq, spec.collective, spec.name,
+                                                          dtype_name(spec.dtype), spec.count, spec.root)
+                                      : 0;
+    queue_.push_back(Op{spec, seq, std::move(body), work, slot});
   }
   wake_progress_thread();
   return Work(work);
@@ -204,12 +211,20 @@ void CommunicatorImpl::progress_loop() {
   }
 }
 
+void CommunicatorImpl::write_trace(const std::string& why) {
+  if (!recorder_.enabled() || trace_written_.exchange(true)) return;
+  std::string where_to =
+      recorder_.dump(options_.trace_dir, rank_, size_, hosts_[rank_], options_.comm_id, why);
+  CHORUS_LOG(kWarn, "flight recorder of rank " + std::to_string(rank_) + " written to " + where_to);
+}
+
 void CommunicatorImpl::fail_aborted(Op& op) {
   std::string reason;
   {
     std::lock_guard<std::mutex> lock(abort_mutex_);
     reason = abort_reason_;
   }
+  if (recorder_.enabled()) recorder_.finished(op.trace_slot, "aborted: " + reason);
   op.work->complete(std::make_exception_ptr(AbortedError(
       op.work->description() + " on " + where() +
       ": the communicator was aborted and cannot be used any more (rebuild it); cause: " +
@@ -236,18 +251,23 @@ void CommunicatorImpl::run(Op& op) {
                           topology_,
                           op.spec.op,
                           shm_.get()};
+  if (recorder_.enabled()) recorder_.running(op.trace_slot);
   try {
     if (options_.check_consistency && op.spec.collective && size_ > 1) check_consistency(op);
     transport_->begin(info);
     if (shm_) shm_->begin(info);
     op.body(ctx);
+    if (recorder_.enabled()) recorder_.finished(op.trace_slot, "");
     op.work->complete(nullptr);
-  } catch (const InvalidArgumentError&) {
+  } catch (const InvalidArgumentError& e) {
     // Found by all ranks together before any data moved: the communicator stays usable.
+    if (recorder_.enabled()) recorder_.finished(op.trace_slot, e.what());
     op.work->complete(std::current_exception());
   } catch (const std::exception& e) {
     std::string reason = e.what();
     CHORUS_LOG(kError, reason);
+    if (recorder_.enabled()) recorder_.finished(op.trace_slot, reason);
+    write_trace(reason);
     {
       std::lock_guard<std::mutex> lock(abort_mutex_);
       if (!abort_requested_.load()) abort_reason_ = reason;
@@ -318,6 +338,7 @@ void CommunicatorImpl::abort(const std::string& reason) {
     abort_reason_ = "abort() called on " + where() + ": " + reason;
     abort_requested_.store(true);
   }
+  write_trace("abort() called: " + reason);
   transport_->interrupt(reason);
   if (shm_) shm_->interrupt(reason);
   queue_signal_.fetch_add(1, std::memory_order_release);

@@ -15,6 +15,7 @@
 #include "chorus/communicator.h"
 #include "comm/algorithms/context.h"
 #include "comm/core/cost_model.h"
+#include "comm/core/flight_recorder.h"
 #include "comm/core/work_state.h"
 #include "comm/transport/shm/shm_group.h"
 #include "comm/transport/transport.h"
@@ -81,6 +82,7 @@ class CommunicatorImpl final : public Communicator,
     uint64_t seq;
     OpBody body;
     std::shared_ptr<WorkState> work;
+    size_t trace_slot = 0;
   };
 
   Work enqueue(const OpSpec& spec, OpBody body);
@@ -128,6 +130,11 @@ class CommunicatorImpl final : public Communicator,
   std::mutex abort_mutex_;  // guards abort_reason_
   std::string abort_reason_;
   std::atomic<bool> transport_aborted_{false};  // written by the runner only
+
+  FlightRecorder recorder_;
+  std::atomic<bool> trace_written_{false};
+  // Writes the flight recorder once, on the first failure or abort.
+  void write_trace(const std::string& why);
 
   uint64_t split_count_ = 0;
   std::thread thread_;

@@ -31,6 +31,8 @@ CommOptions CommOptions::from_env() {
   o.transport = parse_transport(settings::transport());
   o.node_id = settings::node_id();
   o.check_consistency = settings::debug_detail();
+  o.trace_buffer_size = static_cast<size_t>(settings::trace_buffer_size());
+  o.trace_dir = settings::trace_dir();
   o.job_token = settings::job_token();
   o.listen_address = settings::if_ip();
   if (o.listen_address.empty()) {

@@ -37,6 +37,9 @@ int allreduce_loop(long iters, size_t count) {
                static_cast<int>(getpid()), restart ? restart : "unset");
   // fail-once: the rank named by CHORUS_TEST_FAIL_RANK exits 3 in the first attempt.
   const char* fail_rank = std::getenv("CHORUS_TEST_FAIL_RANK");
+  // Every rank has connected (and said so) before the failing one leaves; otherwise the
+  // launcher may stop a rank that is still setting up, and the test could not tell.
+  if (fail_rank) comm->barrier().wait();
   if (fail_rank && std::atoi(fail_rank) == rank && (!restart || std::atoi(restart) == 0)) {
     std::fprintf(stderr, "worker: rank %d fails on purpose\n", rank);
     return 3;

@@ -1,0 +1,146 @@
+#include "comm/core/flight_recorder.h"
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace chorus::internal {
+namespace {
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+const char* state_name(FlightRecorder::State s) {
+  switch (s) {
+    case FlightRecorder::State::kQueued: return "queued";
+    case FlightRecorder::State::kRunning: return "running";
+    case FlightRecorder::State::kCompleted: return "completed";
+    case FlightRecorder::State::kFailed: return "failed";
+  }
+  return "?";
+}
+
+// Microseconds since the epoch, 0 for "not yet".
+int64_t micros(std::chrono::system_clock::time_point t) {
+  if (t.time_since_epoch().count() == 0) return 0;
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+std::string safe_file_part(const std::string& s) {
+  std::string out;
+  for (char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '_';
+  return out;
+}
+
+}  // namespace
+
+size_t FlightRecorder::queued(uint64_t seq, bool collective, const char* name, const char* dtype,
+                              uint64_t count, int root) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t slot = next_id_++;
+  Entry& e = at(slot);
+  e = Entry{};
+  e.id = slot + 1;
+  e.seq = seq;
+  e.collective = collective;
+  e.name = name;
+  e.dtype = dtype;
+  e.count = count;
+  e.root = root;
+  e.queued_at = Clock::now();
+  return slot;
+}
+
+void FlightRecorder::running(size_t slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = at(slot);
+  if (e.id != slot + 1) return;  // overwritten by newer operations
+  e.state = State::kRunning;
+  e.started_at = Clock::now();
+}
+
+void FlightRecorder::finished(size_t slot, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = at(slot);
+  if (e.id != slot + 1) return;
+  e.state = error.empty() ? State::kCompleted : State::kFailed;
+  e.ended_at = Clock::now();
+  e.error = error;
+}
+
+std::string FlightRecorder::json(int rank, int size, const std::string& host,
+                                 const std::string& comm_id, const std::string& why) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::ostringstream o;
+  o << "{\"rank\":" << rank << ",\"size\":" << size << ",\"host\":" << quoted(host)
+    << ",\"pid\":" << getpid() << ",\"communicator\":" << quoted(comm_id)
+    << ",\"reason\":" << quoted(why) << ",\"operations\":[";
+  bool first = true;
+  const size_t n = entries_.size();
+  const uint64_t oldest = next_id_ > n ? next_id_ - n : 0;
+  for (uint64_t id = oldest; id < next_id_; ++id) {
+    const Entry& e = entries_[id % n];
+    if (e.id != id + 1) continue;
+    o << (first ? "" : ",") << "\n {\"seq\":" << e.seq << ",\"kind\":\""
+      << (e.collective ? "collective" : "p2p") << "\",\"op\":" << quoted(e.name)
+      << ",\"dtype\":" << quoted(e.dtype) << ",\"count\":" << e.count << ",\"root\":" << e.root
+      << ",\"state\":\"" << state_name(e.state) << "\",\"queued_us\":" << micros(e.queued_at)
+      << ",\"started_us\":" << micros(e.started_at) << ",\"ended_us\":" << micros(e.ended_at);
+    if (!e.error.empty()) o << ",\"error\":" << quoted(e.error);
+    o << "}";
+    first = false;
+  }
+  o << "\n]}\n";
+  return o.str();
+}
+
+std::string FlightRecorder::dump(const std::string& dir, int rank, int size,
+                                 const std::string& host, const std::string& comm_id,
+                                 const std::string& why) const {
+  std::string text = json(rank, size, host, comm_id, why);
+  if (dir.empty()) {
+    std::fprintf(stderr, "[chorus flight recorder, rank %d]\n%s", rank, text.c_str());
+    return "stderr";
+  }
+  try {
+    std::filesystem::create_directories(dir);
+    std::string path = dir + "/chorus_trace_" + safe_file_part(comm_id) + "_rank" +
+                       std::to_string(rank) + ".json";
+    std::string tmp = path + ".tmp" + std::to_string(getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << text;
+      if (!out.flush()) throw std::runtime_error("write failed");
+    }
+    std::filesystem::rename(tmp, path);
+    return path;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[chorus flight recorder, rank %d] could not write to %s (%s)\n%s", rank,
+                 dir.c_str(), e.what(), text.c_str());
+    return "stderr";
+  }
+}
+
+}  // namespace chorus::internal

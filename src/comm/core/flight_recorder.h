@@ -1,0 +1,59 @@
+// The flight recorder: each communicator keeps its last N operations (sequence number,
+// collective, dtype, count, root, state, enqueue/start/end times, and the error of a
+// failed one) and writes them out when an operation times out or the communicator is
+// aborted: to CHORUS_TRACE_DIR/chorus_trace_<comm>_rank<R>.json, or to stderr when
+// that is unset. apps/chorus-trace merges the ranks' files and says which rank is
+// behind and where. CHORUS_TRACE_BUFFER_SIZE sets N (0 turns it off).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace chorus::internal {
+
+class FlightRecorder {
+ public:
+  enum class State : uint8_t { kQueued, kRunning, kCompleted, kFailed };
+
+  explicit FlightRecorder(size_t capacity) : entries_(capacity) {}
+
+  bool enabled() const { return !entries_.empty(); }
+  // Records a new operation; returns its slot for the calls below.
+  size_t queued(uint64_t seq, bool collective, const char* name, const char* dtype,
+                uint64_t count, int root);
+  void running(size_t slot);
+  void finished(size_t slot, const std::string& error);
+
+  // The records, oldest first, as one JSON object with this rank's identity and `why`.
+  std::string json(int rank, int size, const std::string& host, const std::string& comm_id,
+                   const std::string& why) const;
+  // Writes json() to `dir`/chorus_trace_<comm>_rank<R>.json (through a temporary file
+  // and a rename), or to stderr when `dir` is empty. Returns where it went; never throws.
+  std::string dump(const std::string& dir, int rank, int size, const std::string& host,
+                   const std::string& comm_id, const std::string& why) const;
+
+ private:
+  using Clock = std::chrono::system_clock;
+  struct Entry {
+    uint64_t id = 0;  // 0: unused; else 1 + position in recording order
+    uint64_t seq = 0;
+    bool collective = true;
+    const char* name = "";
+    const char* dtype = "";
+    uint64_t count = 0;
+    int root = -1;
+    State state = State::kQueued;
+    Clock::time_point queued_at, started_at, ended_at;
+    std::string error;
+  };
+  Entry& at(size_t slot) { return entries_[slot % entries_.size()]; }
+
+  mutable std::mutex mutex_;
+  std::vector<Entry> entries_;
+  uint64_t next_id_ = 0;
+};
+
+}  // namespace chorus::internal
