@@ -25,9 +25,9 @@ namespace {
 
 using transport::SubsetTransport;
 
-// Message sizes at which the phases switch from latency- to bandwidth-optimal
-// algorithms: the thresholds the communicator uses for flat collectives (see
-// CommunicatorImpl::algorithm_for), applied to what each phase moves.
+// Message sizes at which the cross-node phases switch from latency- to
+// bandwidth-optimal algorithms: the thresholds measured over loopback before the cost
+// model (core/cost_model.h) chose flat algorithms; the phases do not consult it yet.
 constexpr size_t kAllreduceSmallBytes = 32 * 1024;
 constexpr size_t kAllreduceHalvingBytes = 1024 * 1024;  // 2 ranks only
 constexpr size_t kBroadcastSmallBytes = 64 * 1024;

@@ -113,12 +113,11 @@ Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, Dat
   Validator v("allgather", rank_, size_);
   v.bytes(count, dtype, "count");
   if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
-  v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  size_t total_bytes = v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
+  Algorithm algo = algorithm_for("allgather", total_bytes);
   return enqueue(shaped(spec("allgather", dtype), count), [=, this](const Context& ctx) {
-    // algorithm_for reads only what is fixed at creation: safe on the progress thread.
-    Algorithm algo = algorithm_for("allgather", count * size_ * ctx.elem);
     if (algo == Algorithm::kHierarchical) return alg::allgather_hierarchical(ctx, send, recv, count);
     if (algo == Algorithm::kShmDirect) {
       return alg::shm_allgather_blocks(ctx, *ctx.shm, send, recv, count * size_);
@@ -157,12 +156,13 @@ Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_
   v.bytes(recv_count, dtype, "recv_count");
   if (recv_count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("recv_count * size overflows");
   size_t total = recv_count * static_cast<size_t>(size_);
-  v.bytes(total, dtype, "recv_count * size");
+  size_t total_bytes = v.bytes(total, dtype, "recv_count * size");
   v.buffer(send, total, "send");
   v.buffer(recv, recv_count, "recv");
   check_op(v, op);
-  return enqueue(shaped(reducing("reduce_scatter", dtype, op), recv_count), [=, this](const Context& ctx) {
-    if (algorithm_for("reduce_scatter", total * ctx.elem) == Algorithm::kShmDirect) {
+  Algorithm algo = algorithm_for("reduce_scatter", total_bytes);
+  return enqueue(shaped(reducing("reduce_scatter", dtype, op), recv_count), [=](const Context& ctx) {
+    if (algo == Algorithm::kShmDirect) {
       return alg::shm_reduce_scatter_blocks(ctx, *ctx.shm, send, recv, total, ctx.average);
     }
     alg::reduce_scatter_ring(ctx, send, recv, recv_count);
