@@ -5,7 +5,7 @@ set -euo pipefail
 
 # libopenblas0-pthread: Debian's libtorch computes on whichever libblas.so.3 the system
 # selects; without it that is the reference BLAS, about 10x slower for the seed job.
-packages=(cmake make g++ pkg-config libgtest-dev libgmock-dev zlib1g-dev libcli11-dev
+packages=(cmake make g++ pkg-config libgtest-dev libgmock-dev zlib1g-dev libcli11-dev libssl-dev
           nlohmann-json3-dev iproute2 procps
           libtorch-dev libopenblas0-pthread dataset-fashion-mnist)
 packages+=("$@")

@@ -92,6 +92,11 @@ std::string describe(const json& op) {
                   " (" + op.at("dtype").get<std::string>() + ", count " +
                   std::to_string(op.at("count").get<uint64_t>()) + ", " +
                   op.at("state").get<std::string>() + ")";
+  if (op.contains("awaiting")) {
+    s += ", waiting for rank";
+    if (op.at("awaiting").size() > 1) s += "s";
+    for (const json& r : op.at("awaiting")) s += " " + std::to_string(r.get<int>());
+  }
   if (op.contains("error")) s += ": " + op.at("error").get<std::string>();
   return s;
 }
@@ -100,8 +105,22 @@ void report(const std::string& comm, std::map<int, RankTrace>& ranks) {
   const int size = ranks.begin()->second.size;
   std::printf("communicator '%s': %d of %d ranks wrote a trace\n", comm.c_str(),
               static_cast<int>(ranks.size()), size);
+  // Who was waiting for whom: a rank without a trace (dead, stopped, or never failing)
+  // that the others were waiting for is where to look first.
+  std::map<int, std::vector<int>> awaited_by;
+  for (auto& [r, t] : ranks) {
+    if (t.stuck.is_null() || !t.stuck.contains("awaiting")) continue;
+    for (const json& peer : t.stuck.at("awaiting")) awaited_by[peer.get<int>()].push_back(r);
+  }
   for (int r = 0; r < size; ++r) {
-    if (ranks.count(r) == 0) std::printf("  rank %d: no trace (the process died, or it never failed)\n", r);
+    if (ranks.count(r) != 0) continue;
+    std::printf("  rank %d: no trace (the process died or is stopped, or it never failed)", r);
+    if (awaited_by.count(r) != 0) {
+      std::printf("; ranks");
+      for (int w : awaited_by[r]) std::printf(" %d", w);
+      std::printf(" were waiting for it");
+    }
+    std::printf("\n");
   }
   int64_t failed_at = INT64_MAX;
   for (auto& [r, t] : ranks) {

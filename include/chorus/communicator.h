@@ -96,7 +96,10 @@ struct CommOptions {
   // stderr). apps/chorus-trace merges the ranks' files.
   size_t trace_buffer_size = 256;
   std::string trace_dir;
-  // Shared secret that every connection must present (CHORUS_JOB_TOKEN).
+  // Shared secret of the job (CHORUS_JOB_TOKEN): every data connection proves it holds
+  // it by challenge and response (it is never sent); ranks whose tokens differ refuse
+  // each other with a PeerError naming CHORUS_JOB_TOKEN. The store has its own (see
+  // TcpStore), read from the same variable.
   std::string job_token;
   // Name of this communicator in the store; ranks of different communicators sharing a
   // store must use different names.

@@ -18,6 +18,8 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace chorus {
 
@@ -63,7 +65,14 @@ class ConfigError : public Error {
 
 class TimeoutError : public Error {
  public:
-  explicit TimeoutError(const std::string& m) : Error(ErrorKind::kTimeout, m) {}
+  explicit TimeoutError(const std::string& m, std::vector<int> awaited = {})
+      : Error(ErrorKind::kTimeout, m), awaited_(std::move(awaited)) {}
+  // The ranks this rank was still waiting for when an operation's deadline passed,
+  // ascending (empty when the wait was not on peers, e.g. a store wait).
+  const std::vector<int>& awaited_ranks() const noexcept { return awaited_; }
+
+ private:
+  std::vector<int> awaited_;
 };
 
 class PeerError : public Error {

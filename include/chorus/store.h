@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -115,15 +116,34 @@ class PrefixStore : public Store {
   std::shared_ptr<Store> base_;
 };
 
+// Security of a TcpStoreServer (README, "Security").
+struct TcpStoreServerOptions {
+  // The job token every client must prove it holds (challenge and response; the token
+  // is never sent). nullopt: CHORUS_JOB_TOKEN (empty when unset, which clients must
+  // then match).
+  std::optional<std::string> job_token;
+  // The allow-list of client addresses. nullopt: the one the environment names
+  // (CHORUS_WHITELIST_FILE, else HCCL_WHITELIST_FILE unless HCCL_WHITELIST_DISABLE=1;
+  // none: every address). "": every address. Else the path of an allow-list file.
+  std::optional<std::string> allowlist_file;
+  // How long a new connection has to prove the token before it is closed and logged.
+  std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
+};
+
 // The TCP store server. Listens on `host:port` (port 0 picks a free one) and serves
-// any number of clients from one background thread. A malformed or oversized frame
-// drops only the client that sent it (the reason is logged); other clients carry on.
-// The destructor stops the thread and closes every connection.
+// any number of clients from one background thread. Every connection must first prove
+// the job token (and come from an allowed address); until it has, it can neither read
+// nor write a key, and one that fails or stays silent past options.auth_timeout is
+// closed, logged as "refused connection from ADDRESS: why". A malformed or oversized
+// frame drops only the client that sent it (the reason is logged); other clients carry
+// on. The destructor stops the thread and closes every connection.
 class TcpStoreServer {
  public:
   // Throws SystemError when the address cannot be bound; "address already in use"
-  // names the address and port.
-  TcpStoreServer(const std::string& host, uint16_t port);
+  // names the address and port. Throws ConfigError for a bad allow-list, naming the
+  // file and line.
+  TcpStoreServer(const std::string& host, uint16_t port,
+                 const TcpStoreServerOptions& options = TcpStoreServerOptions());
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -140,13 +160,17 @@ class TcpStoreServer {
 };
 
 // A client of TcpStoreServer. Connects at construction, retrying until
-// `connect_timeout` passes (the server may start later than its clients). Every call
+// `connect_timeout` passes (the server may start later than its clients), and proves
+// `job_token` (nullopt: CHORUS_JOB_TOKEN) by challenge and response, checking that the
+// server holds it too. A refusal throws StoreError "store at HOST:PORT refused this
+// process: <why>" (the job token differs, or the address is not allowed). Every call
 // has a deadline; a call waiting on keys uses the store's timeout(). Calls from
 // several threads are serialized on the one connection.
 class TcpStore : public Store {
  public:
   TcpStore(const std::string& host, uint16_t port,
-           std::chrono::milliseconds connect_timeout = std::chrono::seconds(120));
+           std::chrono::milliseconds connect_timeout = std::chrono::seconds(120),
+           std::optional<std::string> job_token = std::nullopt);
   ~TcpStore() override;
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key) override;

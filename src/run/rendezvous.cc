@@ -1,5 +1,6 @@
 #include "run/rendezvous.h"
 
+#include <cstdlib>
 #include <thread>
 
 #include "chorus/error.h"
@@ -10,15 +11,27 @@ namespace chorus::run {
 
 namespace {
 constexpr std::chrono::milliseconds kSlice{100};
+
+// The job token the store is guarded with: CHORUS_JOB_TOKEN when set, else the rdzv id,
+// the rule by which the workers get theirs (worker_env in supervisor.cc).
+std::string job_token(const LaunchOptions& options) {
+  const char* token = std::getenv("CHORUS_JOB_TOKEN");
+  return token != nullptr ? token : options.rdzv_id;
 }
+}  // namespace
 
 LauncherRendezvous::LauncherRendezvous(const LaunchOptions& options,
                                        std::chrono::milliseconds connect_timeout)
     : options_(options), connect_timeout_(connect_timeout) {
+  std::string token = job_token(options);
   if (options.node_rank == 0) {
-    server_ = std::make_unique<TcpStoreServer>(options.master_addr, options.master_port);
+    TcpStoreServerOptions server_options;
+    server_options.job_token = token;
+    server_ = std::make_unique<TcpStoreServer>(options.master_addr, options.master_port,
+                                               server_options);
   }
-  auto tcp = std::make_shared<TcpStore>(options.master_addr, options.master_port, connect_timeout);
+  auto tcp = std::make_shared<TcpStore>(options.master_addr, options.master_port, connect_timeout,
+                                        token);
   store_ = std::make_shared<PrefixStore>("chorusrun/" + options.rdzv_id, tcp);
   store_->set_timeout(connect_timeout);
 }

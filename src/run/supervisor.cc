@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "chorus/error.h"
+#include "comm/common/auth.h"
 #include "comm/common/deadline.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
@@ -194,6 +196,31 @@ std::optional<json> Attempt::run(const std::vector<WorkerSpec>& specs) {
 
 }  // namespace
 
+// The job token guards the store and every data connection (comm/common/auth.h). A
+// standalone job, whose processes all descend from this one, gets a fresh random token
+// unless the user chose one, so no other process on the machine can join it. A job of
+// several nodes needs a secret the nodes share: its token is the rdzv id unless
+// CHORUS_JOB_TOKEN is set, and the default id is no secret, which is said once.
+static void choose_job_token(const LaunchOptions& o) {
+  if (std::getenv("CHORUS_JOB_TOKEN") != nullptr) return;
+  auto source = o.source.find("rdzv_id");
+  const bool default_id = source == o.source.end() || source->second == "default";
+  if (o.standalone && default_id) {
+    auth::Nonce random = auth::make_nonce();
+    std::string token;
+    static const char kHex[] = "0123456789abcdef";
+    for (uint8_t b : random) {
+      token += kHex[b >> 4];
+      token += kHex[b & 15];
+    }
+    ::setenv("CHORUS_JOB_TOKEN", token.c_str(), 1);
+  } else if (o.nnodes > 1 && default_id) {
+    std::cerr << "chorusrun: warning: the job token is the default --rdzv-id '" << o.rdzv_id
+              << "', which any process that reaches the store can present; set "
+                 "CHORUS_JOB_TOKEN (or --rdzv-id) to a secret shared by the nodes\n";
+  }
+}
+
 int run_job(const LaunchOptions& options_in) {
   LaunchOptions o = options_in;
   const int cpus = std::max(1u, std::thread::hardware_concurrency());
@@ -215,6 +242,7 @@ int run_job(const LaunchOptions& options_in) {
         o.master_port = net::local_address(probe.get()).port();
       }
     }
+    choose_job_token(o);
     LauncherRendezvous rdzv(o, settings::connect_timeout());
     if (!rdzv.join(interrupted)) return 128 + stop_signal;
     const Environment base = current_environment();

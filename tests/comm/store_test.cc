@@ -8,16 +8,21 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 
 #include "chorus/error.h"
+#include "comm/common/auth.h"
 #include "comm/common/logging.h"
+#include "comm/common/settings.h"
 #include "comm/common/socket.h"
 #include "comm/store/tcp_store_protocol.h"
+#include "util/checks.h"
 
 namespace chorus {
 namespace {
@@ -37,32 +42,8 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-// Runs `fn` and returns the message of the `E` it throws; fails the test otherwise.
-template <typename E, typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong error type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
-
-// Polls `condition` until it holds or `timeout` passes: for state that has no
-// notification to wait on (a server's client count).
-template <typename Condition>
-bool eventually(Condition condition, std::chrono::milliseconds timeout = 10s) {
-  Deadline deadline(timeout);
-  while (!condition()) {
-    if (deadline.expired()) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+using test::error_of;
+using test::eventually;
 
 // Runs `call` (a get() or wait()) on another thread and returns once it has most
 // likely been parked. No store exposes its parked requests, so a short pause stands
@@ -545,11 +526,15 @@ TEST(StoreProtocolTest, RandomPayloadsNeverCrashTheDecoder) {
 
 // ---- TCP server and client ----
 
-// A raw connection to the server, for sending what a TcpStore never would.
+// A raw connection to the server, for sending what a TcpStore never would. It proves
+// the job token first, as every client must.
 class RawClient {
  public:
   explicit RawClient(uint16_t port)
-      : fd_(net::connect_to(kLoopback, port, Deadline(10s), "raw test client")) {}
+      : fd_(net::connect_to(kLoopback, port, Deadline(10s), "raw test client")) {
+    store_wire::authenticate_client(fd_.get(), settings::job_token(), Deadline(10s),
+                                    "raw test client");
+  }
 
   void send(const Bytes& bytes) {
     net::write_full(fd_.get(), bytes.data(), bytes.size(), Deadline(10s), "raw send");
@@ -807,15 +792,72 @@ TEST_F(TcpStoreTest, ConnectGivesUpAtItsTimeout) {
   EXPECT_TRUE(contains(message, "127.0.0.1:" + std::to_string(port))) << message;
 }
 
-// A listener that accepts connections and answers only when told to: a stuck server.
+// A listener that authenticates each connection as a store server does (on its own
+// thread, since a TcpStore proves the token before its constructor returns) and then
+// answers only when told to: a stuck server.
 class SilentServer {
  public:
-  SilentServer() : listen_(net::listen_on(kLoopback, 0)) {}
+  SilentServer() : listen_(net::listen_on(kLoopback, 0)), thread_([this] { run(); }) {}
+  ~SilentServer() {
+    stop_ = true;
+    thread_.join();
+  }
   uint16_t port() const { return net::local_address(listen_.get()).port(); }
-  net::Fd accept() { return net::accept_before(listen_.get(), Deadline(10s), nullptr); }
+  // The next authenticated connection (invalid when none came within 10 s).
+  net::Fd accept() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!ready_.wait_for(lock, 10s, [&] { return !accepted_.empty(); })) return net::Fd();
+    net::Fd fd = std::move(accepted_.front());
+    accepted_.erase(accepted_.begin());
+    return fd;
+  }
 
  private:
+  void run() {
+    while (!stop_) {
+      net::Fd fd = net::accept_before(listen_.get(), Deadline(50ms), nullptr);
+      if (!fd.valid()) continue;
+      try {
+        authenticate(fd.get());
+      } catch (const Error& e) {
+        ADD_FAILURE() << "silent server: " << e.what();
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      accepted_.push_back(std::move(fd));
+      ready_.notify_all();
+    }
+  }
+  // The server's side of tcp_store_protocol.h's authentication.
+  static void authenticate(int fd) {
+    store_wire::AuthMessage hello;
+    hello.kind = store_wire::AuthKind::kServerHello;
+    hello.nonce = auth::make_nonce();
+    Bytes frame = store_wire::encode_auth(hello);
+    net::write_full(fd, frame.data(), frame.size(), Deadline(10s), "silent server");
+    uint8_t prefix[4];
+    net::read_full(fd, prefix, 4, Deadline(10s), "silent server");
+    Bytes payload(store_wire::read_length_prefix(prefix));
+    ASSERT_LE(payload.size(), store_wire::kMaxAuthFrameBytes);
+    net::read_full(fd, payload.data(), payload.size(), Deadline(10s), "silent server");
+    store_wire::AuthMessage proof;
+    std::string reason;
+    ASSERT_TRUE(store_wire::decode_auth(payload, &proof, &reason)) << reason;
+    ASSERT_EQ(proof.kind, store_wire::AuthKind::kClientProof);
+    store_wire::AuthMessage answer;
+    answer.kind = store_wire::AuthKind::kServerProof;
+    answer.proof = auth::prove(settings::job_token(), store_wire::kAuthContext,
+                               auth::Role::kServer, proof.nonce, hello.nonce);
+    frame = store_wire::encode_auth(answer);
+    net::write_full(fd, frame.data(), frame.size(), Deadline(10s), "silent server");
+  }
+
   net::Fd listen_;
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::vector<net::Fd> accepted_;
+  std::thread thread_;  // last: it uses the members above
 };
 
 Request read_request(int fd) {

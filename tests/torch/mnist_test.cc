@@ -4,7 +4,10 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -25,9 +28,12 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-std::unique_ptr<Subprocess> job(int ranks, const std::vector<std::string>& args) {
+std::unique_ptr<Subprocess> job(int ranks, const std::vector<std::string>& args,
+                                const std::vector<std::string>& launcher_args = {}) {
   chorus::test::SpawnOptions o;
-  o.args = {"--standalone", "--nproc-per-node", std::to_string(ranks), "--tee", "3", kMnist};
+  o.args = {"--standalone", "--nproc-per-node", std::to_string(ranks), "--tee", "3"};
+  o.args.insert(o.args.end(), launcher_args.begin(), launcher_args.end());
+  o.args.push_back(kMnist);
   o.args.insert(o.args.end(), args.begin(), args.end());
   o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
   o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_STORE_HOSTED"};
@@ -163,6 +169,84 @@ TEST(ChorusMnist, KilledMidEpochResumesFromTheLastCheckpoint) {
       << "the resumed run started epoch 0 over\n" << out;
   // Resuming from a mid-epoch checkpoint replays the same batches in the same order.
   EXPECT_EQ(params_by_rank(straight->stdout_text())[0], params_by_rank(out)[0]) << out;
+}
+
+// Training under faults (issue 6): chorusrun --max-restarts 3, one worker SIGKILLed at
+// a random step past the first checkpoint. chorusrun stops the other worker, restarts
+// both, they resume from the last checkpoint (mid-epoch: the same batches in the same
+// order from there), and the job finishes with the parameters of an uninterrupted run.
+// The step comes from CHORUS_FAULT_SEED when set, else a fresh seed; both are printed.
+TEST(ChorusMnist, WorkerKilledAtARandomStepIsRestartedAndEndsAsUninterrupted) {
+  unsigned seed = std::random_device{}();
+  if (const char* s = std::getenv("CHORUS_FAULT_SEED")) seed = static_cast<unsigned>(std::strtoul(s, nullptr, 10));
+  std::mt19937 rng(seed);
+  // 4096 samples, global batch 64 on 2 ranks: 64 steps per epoch, a checkpoint every 5.
+  const int kill_after = 6 + static_cast<int>(rng() % 55);  // a step of epoch 0, past step 5
+  std::printf("seed %u (CHORUS_FAULT_SEED=%u repeats it): kill a worker after step %d\n", seed,
+              seed, kill_after);
+  std::string data = make_tiny_dataset(4096, 256);
+  std::string ckpt = testing::TempDir() + "ckpt_restart_" + std::to_string(getpid());
+  std::filesystem::remove_all(ckpt);
+  std::filesystem::remove_all(ckpt + "_straight");
+  std::vector<std::string> args = {"--data-dir", data, "--dataset", "mnist", "--batch-size", "64",
+                                   "--epochs", "2", "--checkpoint-dir", ckpt,
+                                   "--checkpoint-interval", "5", "--log-interval", "1", "--resume"};
+  auto straight_args = args;
+  straight_args[9] = ckpt + "_straight";
+  auto straight = job(2, straight_args);
+  ASSERT_TRUE(straight->wait_for(300s)) << straight->output_text();
+  ASSERT_EQ(straight->exit_code(), 0) << straight->output_text();
+  EXPECT_FALSE(contains(straight->stdout_text(), "resumed from")) << straight->output_text();
+
+  auto run = job(2, args, {"--max-restarts", "3"});
+  // Step k (1-based) logs "[ (k-1)*32/ 4096]" (32 samples per rank and step).
+  char needle[32];
+  std::snprintf(needle, sizeof needle, "[%5d/ 4096]", (kill_after - 1) * 32);
+  ASSERT_TRUE(run->wait_for_output(needle, 300s)) << needle << "\n" << run->output_text();
+  std::vector<pid_t> workers;
+  for (pid_t child : chorus::test::child_pids(run->pid())) {
+    std::ifstream cmdline("/proc/" + std::to_string(child) + "/cmdline");
+    std::string argv0;
+    std::getline(cmdline, argv0, '\0');
+    if (contains(argv0, "chorus-mnist")) workers.push_back(child);
+  }
+  ASSERT_EQ(workers.size(), 2u) << "the workers of chorusrun (pid " << run->pid() << ")";
+  const pid_t victim = workers[rng() % workers.size()];
+  std::string rank = "?";
+  {
+    std::ifstream environ_file("/proc/" + std::to_string(victim) + "/environ");
+    for (std::string var; std::getline(environ_file, var, '\0');) {
+      if (var.rfind("RANK=", 0) == 0) rank = var.substr(5);
+    }
+  }
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  std::printf("killed rank %s (pid %d) after step %d\n", rank.c_str(), static_cast<int>(victim),
+              kill_after);
+
+  ASSERT_TRUE(run->wait_for(300s)) << run->output_text();
+  ASSERT_EQ(run->exit_code(), 0) << run->output_text();
+  const std::string err = run->stderr_text(), out = run->stdout_text();
+  EXPECT_TRUE(contains(err, "attempt 0 failed (rank " + rank + ": ")) << err;
+  EXPECT_TRUE(contains(err, "restarting all nodes (1 of 3 restarts)")) << err;
+  EXPECT_FALSE(contains(err, "attempt 1 failed")) << err;
+  // The restart resumed from a mid-epoch checkpoint, not from the start.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("resumed from [^:]*: epoch ([0-9]+), step ([0-9]+)")))
+      << out;
+  const int resumed_step = std::stoi(m[2]);
+  std::printf("restarted from the checkpoint of epoch %s, step %d\n", m[1].str().c_str(), resumed_step);
+  EXPECT_EQ(m[1].str(), "0");
+  EXPECT_GE(resumed_step, 5);
+  EXPECT_EQ(resumed_step % 5, 0);
+  auto expected = params_by_rank(straight->stdout_text());
+  auto got = params_by_rank(out);
+  ASSERT_EQ(expected.size(), 2u) << straight->output_text();
+  ASSERT_EQ(got.size(), 2u) << run->output_text();
+  EXPECT_EQ(got[0], got[1]) << "replicas differ after the restart";
+  EXPECT_EQ(got[0], expected[0]) << "the restarted job does not end where an uninterrupted run does\n"
+                                 << out;
+  std::filesystem::remove_all(ckpt);
+  std::filesystem::remove_all(ckpt + "_straight");
 }
 
 TEST(ChorusMnist, TwoSimulatedNodesOfTwoWorkers) {

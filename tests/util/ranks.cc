@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -412,6 +413,49 @@ bool Subprocess::wait_for_output(const std::string& needle, milliseconds timeout
     // The output arrives in a file; look again every 10 ms, or at once on exit.
     wait_for(std::min(left, milliseconds(10)));
   }
+}
+
+std::vector<pid_t> child_pids(pid_t pid) {
+  std::vector<pid_t> children;
+  std::error_code ec;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream in(task.path() / "children");
+    long child = 0;
+    while (in >> child) {
+      if (std::find(children.begin(), children.end(), child) == children.end()) {
+        children.push_back(static_cast<pid_t>(child));
+      }
+    }
+  }
+  return children;
+}
+
+std::vector<std::string> shm_segments_of(const std::vector<pid_t>& pids) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    for (pid_t pid : pids) {
+      const std::string prefix = "chorus." + std::to_string(pid) + ".";
+      if (name.rfind(prefix, 0) == 0) found.push_back(name);
+    }
+  }
+  return found;
+}
+
+int run_command(const std::string& program, const std::vector<std::string>& args,
+                std::string* output, milliseconds timeout) {
+  SpawnOptions options;
+  options.args = args;
+  Subprocess p(program, options);
+  const bool done = p.wait_for(timeout);
+  if (!done) {
+    p.kill_group(SIGKILL);
+    p.wait_for(seconds(10));
+  }
+  if (output) *output = p.output_text();
+  return done ? p.exit_code() : -1;
 }
 
 }  // namespace chorus::test

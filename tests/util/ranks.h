@@ -168,4 +168,18 @@ class Subprocess {
   std::string out_path_, err_path_;
 };
 
+// The direct children of process `pid` (from /proc/PID/task/*/children), in no
+// particular order; empty when it has none or is gone.
+std::vector<pid_t> child_pids(pid_t pid);
+
+// The chorus shared-memory segments in /dev/shm created by any of `pids` (named
+// chorus.<pid>.<random> after the rank that created them).
+std::vector<std::string> shm_segments_of(const std::vector<pid_t>& pids);
+
+// Runs `program` with `args` (a Subprocess, stdin from /dev/null) and waits up to
+// `timeout`. Returns its exit code (-1 when it was killed by a signal or ran past the
+// timeout, and was then killed); `output`, when given, receives its stdout and stderr.
+int run_command(const std::string& program, const std::vector<std::string>& args,
+                std::string* output = nullptr, milliseconds timeout = seconds(60));
+
 }  // namespace chorus::test

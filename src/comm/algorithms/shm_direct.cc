@@ -166,8 +166,13 @@ void shm_reduce(const Context& ctx, ShmGroup& g, const void* in, void* out, size
     // Slices are reduced into their owners' buffers, not into the root's output, which
     // may be the root's input; only the root then reads them.
     reduce_own_slice(ctx, g, b, src + at * e, n, ctx.average);
-    if (!is_root) continue;
+    // Every rank waits at every phase, also where it has nothing left to read: a rank
+    // that went on to its next operation could otherwise publish that operation's
+    // descriptor (in the slot of this chunk's first phase, two phases on) before a
+    // slower rank had compared the descriptors of this one, which then failed with a
+    // false "called a different collective" (issue 6's fault tests found it).
     g.wait_all();
+    if (!is_root) continue;
     copy_slices(ctx, g, b, n, static_cast<uint8_t*>(out) + at * e, false);
   }
 }

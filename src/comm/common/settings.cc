@@ -110,6 +110,24 @@ milliseconds connect_timeout() {
 
 std::string job_token() { return get_env("CHORUS_JOB_TOKEN").value_or(""); }
 
+std::optional<AllowListFile> allowlist_file() {
+  if (auto v = get_env("CHORUS_WHITELIST_FILE")) {
+    return AllowListFile{*v, "CHORUS_WHITELIST_FILE"};
+  }
+  auto disable = get_env("HCCL_WHITELIST_DISABLE");
+  if (disable && *disable != "0" && *disable != "1") {
+    throw ConfigError("HCCL_WHITELIST_DISABLE='" + *disable + "' is not 0 or 1");
+  }
+  if (disable && *disable == "1") return std::nullopt;
+  if (auto v = get_env("HCCL_WHITELIST_FILE")) return AllowListFile{*v, "HCCL_WHITELIST_FILE"};
+  if (disable) {
+    throw ConfigError(
+        "HCCL_WHITELIST_DISABLE=0 turns the allow-list on, but neither CHORUS_WHITELIST_FILE "
+        "nor HCCL_WHITELIST_FILE names its file");
+  }
+  return std::nullopt;
+}
+
 std::string algorithm() { return get_env("CHORUS_ALGO").value_or("auto"); }
 
 std::string if_ip() {

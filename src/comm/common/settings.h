@@ -17,6 +17,15 @@ std::chrono::milliseconds op_timeout();
 std::chrono::milliseconds connect_timeout();
 // CHORUS_JOB_TOKEN, default empty.
 std::string job_token();
+// The allow-list of peer addresses (comm/common/allowlist.h): CHORUS_WHITELIST_FILE,
+// else HCCL_WHITELIST_FILE unless HCCL_WHITELIST_DISABLE=1. nullopt when every address
+// is allowed. Throws ConfigError for HCCL_WHITELIST_DISABLE other than 0 or 1, and for
+// HCCL_WHITELIST_DISABLE=0 (the list turned on, as in HCCL) with no file named.
+struct AllowListFile {
+  std::string path;
+  std::string variable;  // the variable that named it
+};
+std::optional<AllowListFile> allowlist_file();
 // CHORUS_ALGO: auto | ring | rd (recursive doubling) | hd (halving-doubling).
 std::string algorithm();
 // CHORUS_IF_IP, else HCCL_IF_IP: the address to listen on. Empty when unset.

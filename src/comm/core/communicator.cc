@@ -266,7 +266,11 @@ void CommunicatorImpl::run(Op& op) {
   } catch (const std::exception& e) {
     std::string reason = e.what();
     CHORUS_LOG(kError, reason);
-    if (recorder_.enabled()) recorder_.finished(op.trace_slot, reason);
+    if (recorder_.enabled()) {
+      auto* timeout = dynamic_cast<const TimeoutError*>(&e);
+      recorder_.finished(op.trace_slot, reason,
+                         timeout ? timeout->awaited_ranks() : std::vector<int>{});
+    }
     write_trace(reason);
     {
       std::lock_guard<std::mutex> lock(abort_mutex_);

@@ -81,13 +81,15 @@ void FlightRecorder::running(size_t slot) {
   e.started_at = Clock::now();
 }
 
-void FlightRecorder::finished(size_t slot, const std::string& error) {
+void FlightRecorder::finished(size_t slot, const std::string& error,
+                              const std::vector<int>& awaiting) {
   std::lock_guard<std::mutex> lock(mutex_);
   Entry& e = at(slot);
   if (e.id != slot + 1) return;
   e.state = error.empty() ? State::kCompleted : State::kFailed;
   e.ended_at = Clock::now();
   e.error = error;
+  e.awaiting = awaiting;
 }
 
 std::string FlightRecorder::json(int rank, int size, const std::string& host,
@@ -109,6 +111,11 @@ std::string FlightRecorder::json(int rank, int size, const std::string& host,
       << ",\"state\":\"" << state_name(e.state) << "\",\"queued_us\":" << micros(e.queued_at)
       << ",\"started_us\":" << micros(e.started_at) << ",\"ended_us\":" << micros(e.ended_at);
     if (!e.error.empty()) o << ",\"error\":" << quoted(e.error);
+    if (!e.awaiting.empty()) {
+      o << ",\"awaiting\":[";
+      for (size_t i = 0; i < e.awaiting.size(); ++i) o << (i ? "," : "") << e.awaiting[i];
+      o << "]";
+    }
     o << "}";
     first = false;
   }

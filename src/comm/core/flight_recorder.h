@@ -3,7 +3,7 @@
 // failed one) and writes them out when an operation times out or the communicator is
 // aborted: to CHORUS_TRACE_DIR/chorus_trace_<comm>_rank<R>.json, or to stderr when
 // that is unset. apps/chorus-trace merges the ranks' files and says which rank is
-// behind and where. CHORUS_TRACE_BUFFER_SIZE sets N (0 turns it off).
+// behind and where, and which peers a timed-out operation was still waiting for. CHORUS_TRACE_BUFFER_SIZE sets N (0 turns it off).
 #pragma once
 
 #include <chrono>
@@ -25,7 +25,8 @@ class FlightRecorder {
   size_t queued(uint64_t seq, bool collective, const char* name, const char* dtype,
                 uint64_t count, int root);
   void running(size_t slot);
-  void finished(size_t slot, const std::string& error);
+  // `awaiting`: for an operation that timed out, the ranks it was still waiting for.
+  void finished(size_t slot, const std::string& error, const std::vector<int>& awaiting = {});
 
   // The records, oldest first, as one JSON object with this rank's identity and `why`.
   std::string json(int rank, int size, const std::string& host, const std::string& comm_id,
@@ -48,6 +49,7 @@ class FlightRecorder {
     State state = State::kQueued;
     Clock::time_point queued_at, started_at, ended_at;
     std::string error;
+    std::vector<int> awaiting;
   };
   Entry& at(size_t slot) { return entries_[slot % entries_.size()]; }
 

@@ -7,6 +7,7 @@
 
 #include "chorus/error.h"
 #include "chorus/store.h"
+#include "comm/common/settings.h"
 #include "comm/common/socket.h"
 #include "comm/store/tcp_store_protocol.h"
 
@@ -69,6 +70,7 @@ struct TcpStore::Impl {
   std::string host;
   uint16_t port = 0;
   std::chrono::milliseconds connect_timeout;
+  std::string token;  // the job token, proven on every connection
   std::mutex mutex;  // serializes calls; guards fd
   net::Fd fd;        // invalid after a failed call, until the next call reconnects
 
@@ -88,8 +90,17 @@ struct TcpStore::Impl {
   }
 };
 
+// Connects and authenticates. A refusal is not retried: another token or a missing
+// allow-list entry does not fix itself.
 void TcpStore::Impl::connect(const Deadline& deadline) {
-  fd = net::connect_to(host, port, deadline, "store client");
+  net::Fd connected = net::connect_to(host, port, deadline, "store client");
+  try {
+    store_wire::authenticate_client(connected.get(), token, deadline, where());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(where() + " did not complete the authentication before the deadline (" +
+                       e.what() + ")");
+  }
+  fd = std::move(connected);
 }
 
 // Sends `request` and returns its reply, which has kind `expected`. Throws
@@ -165,11 +176,13 @@ Reply TcpStore::Impl::read_reply(const Request& request, const Deadline& deadlin
 }
 
 TcpStore::TcpStore(const std::string& host, uint16_t port,
-                   std::chrono::milliseconds connect_timeout)
+                   std::chrono::milliseconds connect_timeout,
+                   std::optional<std::string> job_token)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
   impl_->port = port;
   impl_->connect_timeout = connect_timeout;
+  impl_->token = job_token ? *job_token : settings::job_token();
   impl_->connect(Deadline(connect_timeout));
 }
 

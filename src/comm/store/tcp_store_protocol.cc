@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "chorus/error.h"
+#include "comm/common/socket.h"
 
 namespace chorus::store_wire {
 namespace {
@@ -23,6 +24,7 @@ class Writer {
   }
   void bytes(const Bytes& b) { bytes(b.data(), b.size()); }
   void text(const std::string& s) { bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size()); }
+  void raw(const uint8_t* data, size_t size) { out_.insert(out_.end(), data, data + size); }
   void keys(const std::vector<std::string>& keys) {
     u32(static_cast<uint32_t>(keys.size()));
     for (const std::string& k : keys) text(k);
@@ -62,6 +64,12 @@ class Reader {
     return true;
   }
   bool u64(const char* field, uint64_t* v) { return little_endian(8, field, v); }
+  bool raw(const char* field, size_t size, uint8_t* out) {
+    if (!need(size, field)) return false;
+    std::memcpy(out, data_.data() + pos_, size);
+    pos_ += size;
+    return true;
+  }
 
   bool bytes(const char* field, size_t limit, Bytes* out) {
     size_t size = 0;
@@ -344,6 +352,144 @@ bool decode_reply(std::span<const uint8_t> payload, Reply* out, std::string* rea
   out->kind = static_cast<ReplyKind>(code);
   decode_reply_fields(rd, out);
   return rd.finish("reply", reason);
+}
+
+Bytes encode_auth(const AuthMessage& m) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(m.kind));
+  switch (m.kind) {
+    case AuthKind::kServerHello:
+      w.u32(m.version);
+      w.raw(m.nonce.data(), m.nonce.size());
+      break;
+    case AuthKind::kClientProof:
+      w.u32(m.version);
+      w.raw(m.nonce.data(), m.nonce.size());
+      w.raw(m.proof.data(), m.proof.size());
+      break;
+    case AuthKind::kServerProof:
+      w.raw(m.proof.data(), m.proof.size());
+      break;
+    case AuthKind::kRefused:
+      w.text(m.message.substr(0, kMaxAuthMessageBytes));
+      break;
+  }
+  return w.finish();
+}
+
+bool check_auth_frame_length(uint32_t length, std::string* reason) {
+  if (length == 0) {
+    *reason = "empty frame (length 0) where the authentication was expected";
+    return false;
+  }
+  if (length > kMaxAuthFrameBytes) {
+    *reason = "frame length " + std::to_string(length) +
+              " exceeds the limit of an authentication frame (" +
+              std::to_string(kMaxAuthFrameBytes) + " bytes)";
+    return false;
+  }
+  return true;
+}
+
+bool decode_auth(std::span<const uint8_t> payload, AuthMessage* out, std::string* reason) {
+  Reader rd(payload);
+  uint8_t code = 0;
+  if (!rd.u8("authentication kind", &code)) return rd.finish("authentication", reason);
+  switch (static_cast<AuthKind>(code)) {
+    case AuthKind::kServerHello:
+      out->kind = AuthKind::kServerHello;
+      rd.u32("auth version", &out->version);
+      rd.raw("nonce", out->nonce.size(), out->nonce.data());
+      return rd.finish("SERVER_HELLO", reason);
+    case AuthKind::kClientProof:
+      out->kind = AuthKind::kClientProof;
+      rd.u32("auth version", &out->version);
+      rd.raw("nonce", out->nonce.size(), out->nonce.data());
+      rd.raw("proof", out->proof.size(), out->proof.data());
+      return rd.finish("CLIENT_PROOF", reason);
+    case AuthKind::kServerProof:
+      out->kind = AuthKind::kServerProof;
+      rd.raw("proof", out->proof.size(), out->proof.data());
+      return rd.finish("SERVER_PROOF", reason);
+    case AuthKind::kRefused:
+      out->kind = AuthKind::kRefused;
+      rd.text("message", kMaxAuthMessageBytes, &out->message);
+      return rd.finish("REFUSED", reason);
+  }
+  if (valid_op(code)) {
+    rd.fail("got a " + std::string(op_name(static_cast<Op>(code))) +
+            " request before the authentication (a client without the job token "
+            "handshake: an older chorus, or not chorus)");
+  } else {
+    rd.fail("unknown authentication kind " + std::to_string(code));
+  }
+  return rd.finish("authentication", reason);
+}
+
+namespace {
+
+AuthMessage read_auth(int fd, const Deadline& deadline, const std::string& where,
+                      const std::string& step) {
+  std::string what = where + ": authentication, " + step;
+  uint8_t prefix[kLengthPrefixBytes];
+  net::read_full(fd, prefix, sizeof prefix, deadline, what);
+  uint32_t length = read_length_prefix(prefix);
+  std::string reason;
+  if (!check_auth_frame_length(length, &reason)) {
+    throw StoreError(what + ": " + reason + " (not a chorus store of this version?)");
+  }
+  Bytes payload(length);  // length was checked above
+  net::read_full(fd, payload.data(), payload.size(), deadline, what);
+  AuthMessage message;
+  if (!decode_auth(payload, &message, &reason)) {
+    throw StoreError(what + ": " + reason + " (not a chorus store of this version?)");
+  }
+  if (message.kind == AuthKind::kRefused) {
+    throw StoreError(where + " refused this process: " + message.message);
+  }
+  return message;
+}
+
+}  // namespace
+
+void authenticate_client(int fd, const std::string& token, const Deadline& deadline,
+                         const std::string& where) {
+  try {
+    AuthMessage hello = read_auth(fd, deadline, where, "waiting for the server's challenge");
+    if (hello.kind != AuthKind::kServerHello) {
+      throw StoreError(where + ": authentication: expected the server's challenge, got message "
+                               "kind " +
+                       std::to_string(static_cast<int>(hello.kind)));
+    }
+    if (hello.version != kAuthVersion) {
+      throw StoreError(where + ": authentication version differs (server " +
+                       std::to_string(hello.version) + ", here " +
+                       std::to_string(kAuthVersion) + ")");
+    }
+    AuthMessage proof;
+    proof.kind = AuthKind::kClientProof;
+    proof.nonce = auth::make_nonce();
+    proof.proof =
+        auth::prove(token, kAuthContext, auth::Role::kClient, proof.nonce, hello.nonce);
+    Bytes frame = encode_auth(proof);
+    net::write_full(fd, frame.data(), frame.size(), deadline,
+                    where + ": authentication, sending the proof of the job token");
+    AuthMessage answer = read_auth(fd, deadline, where, "waiting for the server's proof");
+    if (answer.kind != AuthKind::kServerProof) {
+      throw StoreError(where + ": authentication: expected the server's proof, got message "
+                               "kind " +
+                       std::to_string(static_cast<int>(answer.kind)));
+    }
+    auth::Proof expected =
+        auth::prove(token, kAuthContext, auth::Role::kServer, proof.nonce, hello.nonce);
+    if (!auth::same_proof(answer.proof, expected)) {
+      throw StoreError(where + " could not prove it holds this job's token: " +
+                       auth::kTokenMismatch + " (is it the store of another job?)");
+    }
+  } catch (const PeerError& e) {
+    throw StoreError(where + " closed the connection during the authentication (" + e.what() +
+                     ")");
+  }
 }
 
 void check_key(const std::string& key) {

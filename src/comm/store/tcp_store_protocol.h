@@ -29,6 +29,22 @@
 // exactly one reply, in request order: the server takes a connection's next request
 // only once the previous one is answered (a parked GET or WAIT included).
 //
+// Authentication comes first. Before its first request a connection proves the job
+// token by challenge and response (comm/common/auth.h; the token is never sent), in
+// frames like the others whose payload starts with an authentication kind:
+//
+//   server -> client  SERVER_HELLO   u8 0xA1, u32 auth version, server nonce (32 bytes)
+//   client -> server  CLIENT_PROOF   u8 0xA2, u32 auth version, client nonce, proof
+//   server -> client  SERVER_PROOF   u8 0xA3, proof                  (accepted)
+//                     REFUSED        u8 0xA4, message                (then it closes)
+//
+// The server sends SERVER_HELLO when it accepts a connection, or REFUSED when its
+// allow-list does not name the peer's address. Only a client whose proof is right gets
+// the server's proof, and the client checks it before its first request. The server
+// handles no request on a connection before that; one that sends anything else, a
+// wrong proof, or nothing within the server's authentication timeout is closed and
+// logged with its address. Authentication frames are at most kMaxAuthFrameBytes.
+//
 // Decoding never trusts a number from the network: every length and count is checked
 // against its limit and against the bytes left in the frame before anything is
 // allocated, and a malformed frame yields a reason naming the field at fault.
@@ -42,6 +58,8 @@
 #include <vector>
 
 #include "chorus/store.h"
+#include "comm/common/auth.h"
+#include "comm/common/deadline.h"
 
 namespace chorus::store_wire {
 
@@ -117,6 +135,48 @@ bool check_frame_length(uint32_t length, std::string* reason);
 // field at fault, when the payload is malformed; `out` is then unspecified.
 bool decode_request(std::span<const uint8_t> payload, Request* out, std::string* reason);
 bool decode_reply(std::span<const uint8_t> payload, Reply* out, std::string* reason);
+
+// ---- Authentication ----
+
+inline constexpr uint32_t kAuthVersion = 1;
+inline constexpr size_t kMaxAuthFrameBytes = 2048;
+inline constexpr size_t kMaxAuthMessageBytes = 1024;
+// What both proofs of a store connection are bound to.
+inline constexpr char kAuthContext[] = "chorus-store-v1";
+
+enum class AuthKind : uint8_t {
+  kServerHello = 0xA1,
+  kClientProof = 0xA2,
+  kServerProof = 0xA3,
+  kRefused = 0xA4,
+};
+
+struct AuthMessage {
+  AuthKind kind = AuthKind::kRefused;
+  uint32_t version = kAuthVersion;  // SERVER_HELLO CLIENT_PROOF
+  auth::Nonce nonce{};              // SERVER_HELLO CLIENT_PROOF: the sender's
+  auth::Proof proof{};              // CLIENT_PROOF SERVER_PROOF
+  std::string message;              // REFUSED
+};
+
+// A whole frame, length prefix included (a REFUSED message is cut to
+// kMaxAuthMessageBytes).
+Bytes encode_auth(const AuthMessage& message);
+// False, with the reason, when an authentication frame of `length` payload bytes must
+// be refused (checked before any of it is buffered).
+bool check_auth_frame_length(uint32_t length, std::string* reason);
+// Decodes one authentication payload (without its length prefix). False, with a reason
+// naming the field at fault, when it is malformed or not an authentication message (a
+// request from a client that does not authenticate, say); `out` is then unspecified.
+bool decode_auth(std::span<const uint8_t> payload, AuthMessage* out, std::string* reason);
+
+// The client's side of the authentication, on a freshly connected socket: reads
+// SERVER_HELLO, sends CLIENT_PROOF, reads and checks SERVER_PROOF. `where` names the
+// server ("store at HOST:PORT"). Throws StoreError "<where> refused this process: <why>"
+// when the server refuses (job token, allow-list), StoreError when the server's proof
+// is wrong or it speaks another protocol, TimeoutError when the deadline passes.
+void authenticate_client(int fd, const std::string& token, const Deadline& deadline,
+                         const std::string& where);
 
 // ---- Rules shared by every Store implementation ----
 

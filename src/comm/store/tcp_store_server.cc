@@ -7,6 +7,12 @@
 // missing key, WAIT) are parked as waiters and answered from the loop when their keys
 // appear or their deadline passes, so every request gets exactly one reply in order.
 //
+// Authentication: a new connection from an address the allow-list names is sent
+// SERVER_HELLO and must answer with a right CLIENT_PROOF (tcp_store_protocol.h) before
+// any of its frames is taken as a request; its frames are bounded by the smaller
+// authentication limit meanwhile. A wrong or malformed answer, or none before the
+// authentication deadline, closes the connection with a warning naming its address.
+//
 // Backpressure: a client's next frame is handled only once its previous reply is
 // fully sent and it has no parked request, and its socket is not read meanwhile, so
 // each client holds at most one frame in and one reply out.
@@ -25,7 +31,10 @@
 
 #include "chorus/error.h"
 #include "chorus/store.h"
+#include "comm/common/allowlist.h"
+#include "comm/common/auth.h"
 #include "comm/common/logging.h"
+#include "comm/common/settings.h"
 #include "comm/common/socket.h"
 #include "comm/store/tcp_store_protocol.h"
 
@@ -53,10 +62,32 @@ struct Client {
   size_t out_sent = 0;
   uint64_t waiter = 0;    // the parked request's waiter id, 0 when none
   uint32_t interest = 0;  // the epoll event mask currently registered
+  bool authenticated = false;
+  auth::Nonce server_nonce{};     // sent in SERVER_HELLO
+  Clock::time_point auth_deadline;  // while not authenticated
 
   bool sending() const { return out_sent < out.size(); }
   bool busy() const { return sending() || waiter != 0; }
 };
+
+// Milliseconds from `now` until `deadline` for epoll_wait (rounded up, at least 0).
+int ms_until(Clock::time_point deadline, Clock::time_point now) {
+  auto left = deadline - now;
+  if (left <= Clock::duration::zero()) return 0;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::min<int64_t>(ms, 1 << 30));
+}
+
+// Tells a refused client why, if its socket takes the few bytes at once; the caller
+// closes the connection.
+void send_refusal(int fd, const std::string& reason) {
+  store_wire::AuthMessage refusal;
+  refusal.kind = store_wire::AuthKind::kRefused;
+  refusal.message = reason;
+  Bytes frame = store_wire::encode_auth(refusal);
+  ssize_t ignored = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)ignored;
+}
 
 // A parked GET or WAIT. `missing` counts its keys that do not exist right now.
 struct Waiter {
@@ -113,11 +144,7 @@ class WaiterTable {
   }
   // Milliseconds until the earliest deadline (rounded up), -1 when none.
   int next_timeout_ms(Clock::time_point now) const {
-    if (by_deadline_.empty()) return -1;
-    auto left = by_deadline_.begin()->first - now;
-    if (left <= Clock::duration::zero()) return 0;
-    auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-    return static_cast<int>(std::min<int64_t>(ms, 1 << 30));
+    return by_deadline_.empty() ? -1 : ms_until(by_deadline_.begin()->first, now);
   }
 
  private:
@@ -163,13 +190,16 @@ Reply bool_reply(bool v) {
 }  // namespace
 
 struct TcpStoreServer::Impl {
-  Impl(const std::string& host, uint16_t requested_port);
+  Impl(const std::string& host, uint16_t requested_port, const TcpStoreServerOptions& options);
   ~Impl();
   void run();
   void stop();
 
   std::string host;
   uint16_t port = 0;
+  std::string token;
+  net::AllowList allowlist;
+  std::chrono::milliseconds auth_timeout;
   std::atomic<int> num_clients{0};
   std::atomic<bool> stopping{false};
   net::Fd listen_fd;
@@ -188,6 +218,11 @@ struct TcpStoreServer::Impl {
   void serve(uint64_t client_id);
   bool flush(Client& client);
   FrameResult next_frame(Client& client, Request* request);
+  FrameResult authenticate(Client& client);
+  void refuse(Client& client, const std::string& reason);
+  void log_refusal(const std::string& address, const std::string& reason);
+  void expire_authentications();
+  int next_timeout_ms(Clock::time_point now) const;
   const Bytes* find(const std::string& key) const;
   void handle(Client& client, Request& request);
   void handle_add(Client& client, const Request& request);
@@ -210,11 +245,23 @@ struct TcpStoreServer::Impl {
   WaiterTable waiters_;
   // Clients given a reply by another client's request, served after the current event.
   std::vector<uint64_t> touched_;
+  // Connections still to authenticate, by deadline.
+  std::set<std::pair<Clock::time_point, uint64_t>> auth_deadlines_;
   uint64_t next_client_id_ = kFirstClientId;
   Bytes scratch_ = Bytes(kReadChunk);
 };
 
-TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t requested_port) : host(host_in) {
+TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t requested_port,
+                           const TcpStoreServerOptions& options)
+    : host(host_in),
+      token(options.job_token ? *options.job_token : settings::job_token()),
+      auth_timeout(std::max(options.auth_timeout, std::chrono::milliseconds(1))) {
+  // Before the port is bound: a bad allow-list fails the start, not each connection.
+  if (!options.allowlist_file) {
+    allowlist = net::AllowList::from_env();
+  } else if (!options.allowlist_file->empty()) {
+    allowlist = net::AllowList::load(*options.allowlist_file, "TcpStoreServerOptions");
+  }
   listen_fd = net::listen_on(host, requested_port);
   port = net::local_address(listen_fd.get()).port();
   wake_fd = net::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -248,7 +295,7 @@ void TcpStoreServer::Impl::run() {
 bool TcpStoreServer::Impl::loop_once() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
-  int timeout_ms = waiters_.next_timeout_ms(Clock::now());
+  int timeout_ms = next_timeout_ms(Clock::now());
   int n = ::epoll_wait(epoll_fd.get(), events, kMaxEvents, timeout_ms);
   if (n < 0 && errno != EINTR) {
     // Closing every connection turns the clients' pending calls into clear errors.
@@ -257,7 +304,29 @@ bool TcpStoreServer::Impl::loop_once() {
   }
   for (int i = 0; i < n; ++i) on_event(events[i].data.u64, events[i].events);
   expire_waiters();
+  expire_authentications();
   return true;
+}
+
+int TcpStoreServer::Impl::next_timeout_ms(Clock::time_point now) const {
+  int waiters = waiters_.next_timeout_ms(now);
+  if (auth_deadlines_.empty()) return waiters;
+  int auth = ms_until(auth_deadlines_.begin()->first, now);
+  return waiters < 0 ? auth : std::min(waiters, auth);
+}
+
+void TcpStoreServer::Impl::expire_authentications() {
+  Clock::time_point now = Clock::now();
+  std::vector<uint64_t> late;
+  for (auto it = auth_deadlines_.begin(); it != auth_deadlines_.end() && it->first <= now; ++it) {
+    late.push_back(it->second);
+  }
+  for (uint64_t id : late) {
+    auto it = clients_.find(id);
+    if (it == clients_.end()) continue;
+    refuse(*it->second, "did not prove the job token within " +
+                            std::to_string(auth_timeout.count()) + " ms");
+  }
 }
 
 void TcpStoreServer::Impl::on_event(uint64_t id, uint32_t events) {
@@ -284,6 +353,14 @@ void TcpStoreServer::Impl::accept_clients() {
       return;
     }
     if (!fd.valid()) return;
+    if (!allowlist.allows(peer)) {
+      std::string why = "address " + peer.ip() + " is not in " + allowlist.describe();
+      log_refusal(peer.str(), why);
+      // It has sent nothing yet, so closing does not reset the connection before the
+      // client reads why.
+      send_refusal(fd.get(), why);
+      continue;
+    }
     auto client = std::make_unique<Client>();
     client->id = next_client_id_++;
     client->fd = std::move(fd);
@@ -298,8 +375,17 @@ void TcpStoreServer::Impl::accept_clients() {
     }
     client->interest = ev.events;
     CHORUS_LOG(kDebug, "store server: client " << client->address << " connected");
-    clients_.emplace(client->id, std::move(client));
+    client->server_nonce = auth::make_nonce();
+    client->auth_deadline = Clock::now() + auth_timeout;
+    store_wire::AuthMessage hello;
+    hello.kind = store_wire::AuthKind::kServerHello;
+    hello.nonce = client->server_nonce;
+    client->out = store_wire::encode_auth(hello);
+    auth_deadlines_.emplace(client->auth_deadline, client->id);
+    uint64_t id = client->id;
+    clients_.emplace(id, std::move(client));
     num_clients.fetch_add(1, std::memory_order_relaxed);
+    serve(id);  // sends the hello
   }
 }
 
@@ -355,6 +441,12 @@ void TcpStoreServer::Impl::serve(uint64_t client_id) {
   while (true) {
     if (!flush(client)) return;
     if (client.busy()) break;
+    if (!client.authenticated) {
+      FrameResult result = authenticate(client);
+      if (result == FrameResult::kDropped) return;
+      if (result == FrameResult::kIncomplete) break;
+      continue;  // sends SERVER_PROOF, then serves what followed the proof
+    }
     Request request;
     FrameResult result = next_frame(client, &request);
     if (result == FrameResult::kDropped) return;
@@ -410,6 +502,67 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& clien
   client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
   if (client.in.empty() && client.in.capacity() > kReadChunk) Bytes().swap(client.in);
   return FrameResult::kReady;
+}
+
+// Takes the client's CLIENT_PROOF out of its input and checks it. kReady when the
+// client is now authenticated (SERVER_PROOF queued); kDropped when it was refused.
+TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& client) {
+  constexpr size_t kPrefix = store_wire::kLengthPrefixBytes;
+  if (client.in.size() < kPrefix) return FrameResult::kIncomplete;
+  uint32_t length = store_wire::read_length_prefix(client.in.data());
+  std::string reason;
+  if (!store_wire::check_auth_frame_length(length, &reason)) {
+    refuse(client, reason);
+    return FrameResult::kDropped;
+  }
+  if (client.in.size() < kPrefix + length) return FrameResult::kIncomplete;
+  store_wire::AuthMessage message;
+  std::span<const uint8_t> payload(client.in.data() + kPrefix, length);
+  if (!store_wire::decode_auth(payload, &message, &reason)) {
+    refuse(client, reason);
+    return FrameResult::kDropped;
+  }
+  if (message.kind != store_wire::AuthKind::kClientProof) {
+    refuse(client, "expected CLIENT_PROOF, got authentication kind " +
+                       std::to_string(static_cast<int>(message.kind)));
+    return FrameResult::kDropped;
+  }
+  if (message.version != store_wire::kAuthVersion) {
+    refuse(client, "authentication version differs (client " + std::to_string(message.version) +
+                       ", here " + std::to_string(store_wire::kAuthVersion) + ")");
+    return FrameResult::kDropped;
+  }
+  auth::Proof expected = auth::prove(token, store_wire::kAuthContext, auth::Role::kClient,
+                                     message.nonce, client.server_nonce);
+  if (!auth::same_proof(message.proof, expected)) {
+    client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
+    refuse(client, auth::kTokenMismatch);
+    return FrameResult::kDropped;
+  }
+  client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
+  client.authenticated = true;
+  auth_deadlines_.erase({client.auth_deadline, client.id});
+  store_wire::AuthMessage answer;
+  answer.kind = store_wire::AuthKind::kServerProof;
+  answer.proof = auth::prove(token, store_wire::kAuthContext, auth::Role::kServer, message.nonce,
+                             client.server_nonce);
+  Bytes frame = store_wire::encode_auth(answer);
+  client.out.insert(client.out.end(), frame.begin(), frame.end());
+  CHORUS_LOG(kDebug, "store server: client " << client.address << " authenticated");
+  return FrameResult::kReady;
+}
+
+// Closes a connection that did not authenticate, saying why to the client when its
+// socket takes it, and logs it with its address.
+void TcpStoreServer::Impl::refuse(Client& client, const std::string& reason) {
+  log_refusal(client.address, reason);
+  if (!client.sending()) send_refusal(client.fd.get(), reason);  // else it would interleave
+  drop(client, "refused: " + reason, false);
+}
+
+void TcpStoreServer::Impl::log_refusal(const std::string& address, const std::string& reason) {
+  CHORUS_LOG(kWarn, "store server on " << host << ":" << port << ": refused connection from "
+                                       << address << ": " << reason);
 }
 
 const Bytes* TcpStoreServer::Impl::find(const std::string& key) const {
@@ -572,6 +725,7 @@ void TcpStoreServer::Impl::drop(Client& client, const std::string& reason, bool 
                                           << " " << reason);
   }
   if (client.waiter != 0) waiters_.remove(client.waiter);
+  if (!client.authenticated) auth_deadlines_.erase({client.auth_deadline, client.id});
   ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, client.fd.get(), nullptr);
   uint64_t id = client.id;  // a copy: erasing destroys `client`
   clients_.erase(id);
@@ -593,8 +747,9 @@ void TcpStoreServer::Impl::stop() {
   if (thread.joinable()) thread.join();
 }
 
-TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port)
-    : impl_(std::make_unique<Impl>(host, port)) {
+TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port,
+                               const TcpStoreServerOptions& options)
+    : impl_(std::make_unique<Impl>(host, port, options)) {
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
 

@@ -346,11 +346,16 @@ void ShmGroup::fail_timeout(uint64_t phase) const {
   std::ostringstream m;
   m << op_name() << " timed out on " << rank_name(local_rank_)
     << " waiting in shared memory for:";
+  std::vector<int> awaited;
   for (int i = 0; i < local_size_; ++i) {
-    if (atomic(control(i).arrived).load() < phase) m << " " << rank_name(i) << ";";
+    if (atomic(control(i).arrived).load() < phase) {
+      m << " " << rank_name(i) << ";";
+      awaited.push_back(config_.members[i]);
+    }
   }
+  std::sort(awaited.begin(), awaited.end());
   m << " (a peer is stopped, hung, or behind in a different operation)";
-  throw TimeoutError(m.str());
+  throw TimeoutError(m.str(), std::move(awaited));
 }
 
 std::string ShmGroup::op_name() const {

@@ -1,7 +1,6 @@
 #include "comm/transport/tcp/handshake.h"
 
 #include <cstring>
-#include <vector>
 
 #include "chorus/error.h"
 #include "comm/common/socket.h"
@@ -9,10 +8,36 @@
 namespace chorus::transport::tcp {
 namespace {
 
+const char* kind_name(MessageKind kind) {
+  switch (kind) {
+    case MessageKind::kHello:
+      return "HELLO";
+    case MessageKind::kChallenge:
+      return "CHALLENGE";
+    case MessageKind::kProof:
+      return "PROOF";
+    case MessageKind::kVerdict:
+      return "VERDICT";
+  }
+  return "unknown";
+}
+
+void put_u16(std::vector<uint8_t>& out, uint16_t v) {
+  out.push_back(static_cast<uint8_t>(v));
+  out.push_back(static_cast<uint8_t>(v >> 8));
+}
+
 void put_u32(std::vector<uint8_t>& out, uint32_t v) {
-  uint8_t b[4];
-  std::memcpy(b, &v, 4);
-  out.insert(out.end(), b, b + 4);
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+uint32_t get_u32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+uint16_t get_u16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | p[1] << 8);
 }
 
 void put_string(std::vector<uint8_t>& out, const std::string& s) {
@@ -20,52 +45,223 @@ void put_string(std::vector<uint8_t>& out, const std::string& s) {
   out.insert(out.end(), s.begin(), s.end());
 }
 
-uint32_t read_u32(int fd, const Deadline& d, const char* what) {
-  uint32_t v;
-  net::read_full(fd, &v, 4, d, std::string("handshake: reading ") + what);
-  return v;
+// A header and `payload`, the payload length filled in.
+std::vector<uint8_t> framed(MessageKind kind, const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out;
+  out.reserve(kHeaderBytes + payload.size());
+  put_u32(out, kHelloMagic);
+  put_u16(out, static_cast<uint16_t>(kProtocolVersion));
+  put_u16(out, static_cast<uint16_t>(kind));
+  put_u32(out, static_cast<uint32_t>(payload.size()));
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
 }
 
-std::string read_string(int fd, const Deadline& d, const char* what) {
-  uint32_t len = read_u32(fd, d, what);
-  if (len > kMaxHelloString) {
-    throw PeerError(std::string("handshake: ") + what + " of " + std::to_string(len) +
-                    " bytes exceeds the limit of " + std::to_string(kMaxHelloString));
+// Reads fields from a payload, never past its end.
+class FieldReader {
+ public:
+  explicit FieldReader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
+
+  bool u32(uint32_t* out, const char* field, std::string* reason) {
+    if (!have(4, field, reason)) return false;
+    *out = get_u32(bytes_.data() + pos_);
+    pos_ += 4;
+    return true;
   }
-  std::string s(len, '\0');
-  net::read_full(fd, s.data(), len, d, std::string("handshake: reading ") + what);
-  return s;
+  bool u8(uint8_t* out, const char* field, std::string* reason) {
+    if (!have(1, field, reason)) return false;
+    *out = bytes_[pos_++];
+    return true;
+  }
+  template <size_t N>
+  bool array(std::array<uint8_t, N>* out, const char* field, std::string* reason) {
+    if (!have(N, field, reason)) return false;
+    std::memcpy(out->data(), bytes_.data() + pos_, N);
+    pos_ += N;
+    return true;
+  }
+  bool string(std::string* out, const char* field, std::string* reason) {
+    uint32_t length = 0;
+    if (!u32(&length, field, reason)) return false;
+    if (length > kMaxHelloString) {
+      *reason = std::string(field) + " of " + std::to_string(length) +
+                " bytes exceeds the limit of " + std::to_string(kMaxHelloString);
+      return false;
+    }
+    if (!have(length, field, reason)) return false;
+    out->assign(reinterpret_cast<const char*>(bytes_.data() + pos_), length);
+    pos_ += length;
+    return true;
+  }
+  bool finish(const char* message, std::string* reason) {
+    if (pos_ == bytes_.size()) return true;
+    *reason = std::string(message) + " has " + std::to_string(bytes_.size() - pos_) +
+              " bytes after its last field";
+    return false;
+  }
+
+ private:
+  bool have(size_t n, const char* field, std::string* reason) {
+    if (bytes_.size() - pos_ >= n) return true;
+    *reason = std::string("truncated ") + field + " (" + std::to_string(bytes_.size() - pos_) +
+              " bytes left, " + std::to_string(n) + " needed)";
+    return false;
+  }
+
+  std::span<const uint8_t> bytes_;
+  size_t pos_ = 0;
+};
+
+// The payload of a whole message of kind `want`; false with the reason otherwise.
+bool payload_of(std::span<const uint8_t> message, MessageKind want,
+                std::span<const uint8_t>* payload, std::string* reason) {
+  MessageKind kind{};
+  uint32_t length = 0;
+  if (!decode_header(message, &kind, &length, reason)) return false;
+  if (kind != want) {
+    *reason = std::string("expected a ") + kind_name(want) + " message, got a " + kind_name(kind);
+    return false;
+  }
+  if (message.size() - kHeaderBytes != length) {
+    *reason = std::string(kind_name(kind)) + " message is " +
+              std::to_string(message.size() - kHeaderBytes) + " payload bytes, its header says " +
+              std::to_string(length);
+    return false;
+  }
+  *payload = message.subspan(kHeaderBytes);
+  return true;
+}
+
+// Sends a refusal, if the socket still takes it: the peer learns why, and the caller
+// closes the connection either way.
+void try_send_refusal(int fd, const std::string& refusal, const Deadline& deadline) {
+  Verdict verdict;
+  verdict.refusal = refusal;
+  try {
+    send_message(fd, encode_verdict(verdict), deadline, "handshake: sending a refusal");
+  } catch (const Error&) {
+  }
 }
 
 }  // namespace
 
-void send_hello(int fd, const Hello& h, const Deadline& deadline) {
-  std::vector<uint8_t> out;
-  put_u32(out, h.magic);
-  put_u32(out, h.version);
-  put_u32(out, h.endian);
-  put_u32(out, static_cast<uint32_t>(h.from_rank));
-  put_u32(out, static_cast<uint32_t>(h.to_rank));
-  put_u32(out, static_cast<uint32_t>(h.size));
-  put_string(out, h.comm_id);
-  put_string(out, h.token);
-  net::write_full(fd, out.data(), out.size(), deadline, "handshake: sending hello");
+std::vector<uint8_t> encode_hello(const Hello& h) {
+  std::vector<uint8_t> payload;
+  put_u32(payload, h.endian);
+  put_u32(payload, static_cast<uint32_t>(h.from_rank));
+  put_u32(payload, static_cast<uint32_t>(h.to_rank));
+  put_u32(payload, static_cast<uint32_t>(h.size));
+  put_string(payload, h.comm_id.substr(0, kMaxHelloString));
+  payload.insert(payload.end(), h.nonce.begin(), h.nonce.end());
+  return framed(MessageKind::kHello, payload);
 }
 
-Hello read_hello(int fd, const Deadline& d) {
-  Hello h;
-  h.magic = read_u32(fd, d, "magic");
-  if (h.magic != kHelloMagic) {
-    throw PeerError("handshake: not a chorus peer (bad magic number)");
+std::vector<uint8_t> encode_challenge(const Challenge& c) {
+  return framed(MessageKind::kChallenge, std::vector<uint8_t>(c.nonce.begin(), c.nonce.end()));
+}
+
+std::vector<uint8_t> encode_proof(const ProofMessage& p) {
+  return framed(MessageKind::kProof, std::vector<uint8_t>(p.proof.begin(), p.proof.end()));
+}
+
+std::vector<uint8_t> encode_verdict(const Verdict& v) {
+  std::vector<uint8_t> payload;
+  payload.push_back(v.accepted ? 1 : 0);
+  if (v.accepted) {
+    payload.insert(payload.end(), v.proof.begin(), v.proof.end());
+  } else {
+    put_string(payload, v.refusal.substr(0, kMaxHelloString));
   }
-  h.version = read_u32(fd, d, "version");
-  h.endian = read_u32(fd, d, "byte order");
-  h.from_rank = static_cast<int32_t>(read_u32(fd, d, "rank"));
-  h.to_rank = static_cast<int32_t>(read_u32(fd, d, "target rank"));
-  h.size = static_cast<int32_t>(read_u32(fd, d, "size"));
-  h.comm_id = read_string(fd, d, "communicator id");
-  h.token = read_string(fd, d, "job token");
-  return h;
+  return framed(MessageKind::kVerdict, payload);
+}
+
+bool decode_header(std::span<const uint8_t> header, MessageKind* kind, uint32_t* payload_length,
+                   std::string* reason) {
+  if (header.size() < kHeaderBytes) {
+    *reason = "message of " + std::to_string(header.size()) + " bytes is shorter than a header";
+    return false;
+  }
+  uint32_t magic = get_u32(header.data());
+  if (magic != kHelloMagic) {
+    *reason = "not a chorus peer (bad magic number)";
+    return false;
+  }
+  uint16_t version = get_u16(header.data() + 4);
+  if (version != kProtocolVersion) {
+    *reason = "protocol version differs (peer " + std::to_string(version) + ", here " +
+              std::to_string(kProtocolVersion) + ")";
+    return false;
+  }
+  uint16_t k = get_u16(header.data() + 6);
+  if (k < static_cast<uint16_t>(MessageKind::kHello) ||
+      k > static_cast<uint16_t>(MessageKind::kVerdict)) {
+    *reason = "unknown handshake message kind " + std::to_string(k);
+    return false;
+  }
+  uint32_t length = get_u32(header.data() + 8);
+  if (length > kMaxPayload) {
+    *reason = "handshake message of " + std::to_string(length) +
+              " bytes exceeds the limit of " + std::to_string(kMaxPayload);
+    return false;
+  }
+  *kind = static_cast<MessageKind>(k);
+  *payload_length = length;
+  return true;
+}
+
+bool decode_hello(std::span<const uint8_t> message, Hello* out, std::string* reason) {
+  std::span<const uint8_t> payload;
+  if (!payload_of(message, MessageKind::kHello, &payload, reason)) return false;
+  FieldReader in(payload);
+  uint32_t from = 0, to = 0, size = 0;
+  out->version = kProtocolVersion;
+  if (!in.u32(&out->endian, "byte order", reason) || !in.u32(&from, "rank", reason) ||
+      !in.u32(&to, "target rank", reason) || !in.u32(&size, "size", reason) ||
+      !in.string(&out->comm_id, "communicator id", reason) ||
+      !in.array(&out->nonce, "nonce", reason)) {
+    return false;
+  }
+  out->from_rank = static_cast<int32_t>(from);
+  out->to_rank = static_cast<int32_t>(to);
+  out->size = static_cast<int32_t>(size);
+  return in.finish("HELLO", reason);
+}
+
+bool decode_challenge(std::span<const uint8_t> message, Challenge* out, std::string* reason) {
+  std::span<const uint8_t> payload;
+  if (!payload_of(message, MessageKind::kChallenge, &payload, reason)) return false;
+  FieldReader in(payload);
+  return in.array(&out->nonce, "nonce", reason) && in.finish("CHALLENGE", reason);
+}
+
+bool decode_proof(std::span<const uint8_t> message, ProofMessage* out, std::string* reason) {
+  std::span<const uint8_t> payload;
+  if (!payload_of(message, MessageKind::kProof, &payload, reason)) return false;
+  FieldReader in(payload);
+  return in.array(&out->proof, "proof", reason) && in.finish("PROOF", reason);
+}
+
+bool decode_verdict(std::span<const uint8_t> message, Verdict* out, std::string* reason) {
+  std::span<const uint8_t> payload;
+  if (!payload_of(message, MessageKind::kVerdict, &payload, reason)) return false;
+  FieldReader in(payload);
+  uint8_t accepted = 0;
+  if (!in.u8(&accepted, "verdict", reason)) return false;
+  if (accepted > 1) {
+    *reason = "verdict " + std::to_string(accepted) + " is neither 0 (refused) nor 1 (accepted)";
+    return false;
+  }
+  out->accepted = accepted == 1;
+  out->refusal.clear();
+  bool ok = out->accepted ? in.array(&out->proof, "proof", reason)
+                          : in.string(&out->refusal, "refusal", reason);
+  return ok && in.finish("VERDICT", reason);
+}
+
+std::string proof_context(const std::string& comm_id, int from_rank, int to_rank, int size) {
+  return "chorus-tcp-v" + std::to_string(kProtocolVersion) + " communicator " + comm_id +
+         " from " + std::to_string(from_rank) + " to " + std::to_string(to_rank) + " of " +
+         std::to_string(size);
 }
 
 std::optional<std::string> check_hello(const Hello& h, const Expected& e) {
@@ -74,7 +270,6 @@ std::optional<std::string> check_hello(const Hello& h, const Expected& e) {
            std::to_string(kProtocolVersion) + ")";
   }
   if (h.endian != kEndianCheck) return "byte order differs";
-  if (h.token != e.token) return "job token differs (CHORUS_JOB_TOKEN)";
   if (h.comm_id != e.comm_id) {
     return "communicator id differs (peer '" + h.comm_id + "', here '" + e.comm_id + "')";
   }
@@ -93,14 +288,106 @@ std::optional<std::string> check_hello(const Hello& h, const Expected& e) {
   return std::nullopt;
 }
 
-void send_reply(int fd, const std::string& refusal, const Deadline& deadline) {
-  std::vector<uint8_t> out;
-  put_string(out, refusal.substr(0, kMaxHelloString));
-  net::write_full(fd, out.data(), out.size(), deadline, "handshake: sending reply");
+void send_message(int fd, const std::vector<uint8_t>& message, const Deadline& deadline,
+                  const std::string& what) {
+  net::write_full(fd, message.data(), message.size(), deadline, what);
 }
 
-std::string read_reply(int fd, const Deadline& deadline) {
-  return read_string(fd, deadline, "reply");
+std::vector<uint8_t> read_message(int fd, const Deadline& deadline, const std::string& what) {
+  std::vector<uint8_t> message(kHeaderBytes);
+  net::read_full(fd, message.data(), kHeaderBytes, deadline, what);
+  MessageKind kind{};
+  uint32_t length = 0;
+  std::string reason;
+  if (!decode_header(message, &kind, &length, &reason)) throw PeerError(what + ": " + reason);
+  message.resize(kHeaderBytes + length);  // length was checked against kMaxPayload
+  net::read_full(fd, message.data() + kHeaderBytes, length, deadline, what);
+  return message;
+}
+
+MessageKind kind_of(std::span<const uint8_t> message) {
+  return static_cast<MessageKind>(get_u16(message.data() + 6));
+}
+
+void client_handshake(int fd, const Hello& hello, const std::string& token,
+                      const Deadline& deadline, const std::string& what) {
+  std::string reason;
+  send_message(fd, encode_hello(hello), deadline, what + ": sending the handshake");
+  std::vector<uint8_t> message = read_message(fd, deadline, what + ": waiting for the challenge");
+  auto refused = [&](const std::vector<uint8_t>& m) {
+    Verdict verdict;
+    if (!decode_verdict(m, &verdict, &reason)) throw PeerError(what + ": " + reason);
+    if (verdict.accepted) {
+      throw PeerError(what + ": the peer accepted the connection before any proof of the job "
+                             "token (not a chorus peer of this version)");
+    }
+    throw PeerError(what + ": the peer refused the connection: " + verdict.refusal);
+  };
+  if (kind_of(message) == MessageKind::kVerdict) refused(message);
+  Challenge challenge;
+  if (!decode_challenge(message, &challenge, &reason)) throw PeerError(what + ": " + reason);
+  std::string context = proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size);
+  ProofMessage proof;
+  proof.proof = auth::prove(token, context, auth::Role::kClient, hello.nonce, challenge.nonce);
+  send_message(fd, encode_proof(proof), deadline, what + ": sending the proof of the job token");
+  message = read_message(fd, deadline, what + ": waiting for the verdict");
+  Verdict verdict;
+  if (!decode_verdict(message, &verdict, &reason)) throw PeerError(what + ": " + reason);
+  if (!verdict.accepted) refused(message);
+  auth::Proof expected =
+      auth::prove(token, context, auth::Role::kServer, hello.nonce, challenge.nonce);
+  if (!auth::same_proof(verdict.proof, expected)) {
+    throw PeerError(what + ": the peer could not prove it holds the job token: " +
+                    auth::kTokenMismatch + " (another process listens at its address?)");
+  }
+}
+
+std::optional<Hello> server_handshake(int fd, const Expected& expected,
+                                      const std::function<bool(int)>& duplicate,
+                                      const Deadline& deadline, std::string* refusal) {
+  auto refuse = [&](const std::string& why) -> std::optional<Hello> {
+    *refusal = why;
+    try_send_refusal(fd, why, deadline);
+    return std::nullopt;
+  };
+  std::vector<uint8_t> message;
+  try {
+    message = read_message(fd, deadline, "handshake: reading the hello");
+  } catch (const PeerError& e) {
+    // A malformed header (another version, not a chorus peer): say so if it listens.
+    return refuse(e.what());
+  }
+  Hello hello;
+  std::string reason;
+  if (!decode_hello(message, &hello, &reason)) return refuse("malformed hello: " + reason);
+  if (auto mismatch = check_hello(hello, expected)) return refuse(*mismatch);
+  if (duplicate && duplicate(hello.from_rank)) {
+    return refuse("duplicate connection from rank " + std::to_string(hello.from_rank));
+  }
+  Challenge challenge;
+  challenge.nonce = auth::make_nonce();
+  send_message(fd, encode_challenge(challenge), deadline, "handshake: sending the challenge");
+  message = read_message(fd, deadline, "handshake: waiting for the proof of the job token");
+  ProofMessage proof;
+  if (!decode_proof(message, &proof, &reason)) return refuse("malformed proof: " + reason);
+  std::string context = proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size);
+  auth::Proof wanted =
+      auth::prove(expected.token, context, auth::Role::kClient, hello.nonce, challenge.nonce);
+  if (!auth::same_proof(proof.proof, wanted)) return refuse(auth::kTokenMismatch);
+  Verdict verdict;
+  verdict.accepted = true;
+  verdict.proof =
+      auth::prove(expected.token, context, auth::Role::kServer, hello.nonce, challenge.nonce);
+  send_message(fd, encode_verdict(verdict), deadline, "handshake: sending the verdict");
+  return hello;
+}
+
+void refuse_connection(int fd, const std::string& why, const Deadline& deadline) {
+  try {
+    read_message(fd, deadline, "handshake: reading the hello of a refused connection");
+  } catch (const Error&) {
+  }
+  try_send_refusal(fd, why, deadline);
 }
 
 }  // namespace chorus::transport::tcp

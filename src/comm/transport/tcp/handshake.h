@@ -1,31 +1,72 @@
-// The first bytes on every TCP data connection. The connecting rank sends a Hello;
-// the accepting rank checks every field and answers with a Reply. A mismatch is
-// refused with a message that names the field, so a stray process, another job or
-// another communicator can never be mistaken for a peer.
+// The first bytes on every TCP data connection: a mutual challenge-response on the job
+// token (comm/common/auth.h) bound to the communicator and the two ranks. The
+// connecting (higher) rank is the client, the accepting (lower) rank the server:
+//
+//   client -> server  HELLO      byte order check, from rank, to rank, world size,
+//                                communicator id, client nonce
+//   server -> client  CHALLENGE  server nonce                 (or VERDICT: refused, why)
+//   client -> server  PROOF      the client's proof
+//   server -> client  VERDICT    accepted + the server's proof, or refused + why
+//
+// The server checks every HELLO field and refuses a mismatch with a message naming the
+// field; then it checks the client's proof, and only a client that proved the token
+// gets the server's proof. The client checks that proof before it uses the connection.
+// The job token is never sent.
+//
+// Every message is a header — u32 magic "CHRS", u16 protocol version, u16 kind, u32
+// payload length — and its payload; integers are little-endian. A payload is at most
+// kMaxPayload bytes and a string at most kMaxHelloString, both checked before anything
+// is allocated.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "comm/common/auth.h"
 #include "comm/common/deadline.h"
 
 namespace chorus::transport::tcp {
 
 inline constexpr uint32_t kHelloMagic = 0x43485253;  // "CHRS"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr uint32_t kEndianCheck = 0x01020304;
 inline constexpr size_t kMaxHelloString = 1024;
+inline constexpr size_t kHeaderBytes = 12;
+inline constexpr size_t kMaxPayload = 2048;
+
+enum class MessageKind : uint16_t {
+  kHello = 1,
+  kChallenge = 2,
+  kProof = 3,
+  kVerdict = 4,
+};
 
 struct Hello {
-  uint32_t magic = kHelloMagic;
-  uint32_t version = kProtocolVersion;
+  uint32_t version = kProtocolVersion;  // from the header
   uint32_t endian = kEndianCheck;
   int32_t from_rank = -1;
   int32_t to_rank = -1;
   int32_t size = 0;
   std::string comm_id;
-  std::string token;
+  auth::Nonce nonce{};  // the client's
+};
+
+struct Challenge {
+  auth::Nonce nonce{};  // the server's
+};
+
+struct ProofMessage {
+  auth::Proof proof{};  // the client's
+};
+
+struct Verdict {
+  bool accepted = false;
+  auth::Proof proof{};  // the server's, when accepted
+  std::string refusal;  // why, when not accepted (at most kMaxHelloString bytes)
 };
 
 // What the acceptor expects to see.
@@ -33,18 +74,71 @@ struct Expected {
   int rank;  // the acceptor's own rank
   int size;
   std::string comm_id;
-  std::string token;
+  std::string token;  // proven, never compared to anything sent
 };
 
-// Writes a Hello on `fd` before the deadline.
-void send_hello(int fd, const Hello& hello, const Deadline& deadline);
-// Reads a Hello; throws PeerError for anything malformed (bounded lengths).
-Hello read_hello(int fd, const Deadline& deadline);
+// ---- Pure encoding and decoding (no I/O; the fuzz targets call these) ----
+
+// Whole messages, header included.
+std::vector<uint8_t> encode_hello(const Hello& hello);
+std::vector<uint8_t> encode_challenge(const Challenge& challenge);
+std::vector<uint8_t> encode_proof(const ProofMessage& proof);
+std::vector<uint8_t> encode_verdict(const Verdict& verdict);
+
+// Checks a header (its first kHeaderBytes bytes): magic, version, a known kind, a
+// payload length within kMaxPayload. False with the reason otherwise.
+bool decode_header(std::span<const uint8_t> header, MessageKind* kind, uint32_t* payload_length,
+                   std::string* reason);
+
+// Decode one whole message (header and payload, nothing after it) of the named kind.
+// False, with a reason naming the field at fault, for anything malformed: another
+// kind, a bad header, a length that disagrees with the bytes, an oversized string,
+// trailing bytes. Never reads outside `message`; `out` is unspecified on failure.
+bool decode_hello(std::span<const uint8_t> message, Hello* out, std::string* reason);
+bool decode_challenge(std::span<const uint8_t> message, Challenge* out, std::string* reason);
+bool decode_proof(std::span<const uint8_t> message, ProofMessage* out, std::string* reason);
+bool decode_verdict(std::span<const uint8_t> message, Verdict* out, std::string* reason);
+
+// The context both proofs of one connection are bound to: the communicator, both ranks
+// and the world size.
+std::string proof_context(const std::string& comm_id, int from_rank, int to_rank, int size);
+
 // Empty when `hello` is acceptable; else the reason, naming the field.
 std::optional<std::string> check_hello(const Hello& hello, const Expected& expected);
-// Reply: empty `refusal` means accepted.
-void send_reply(int fd, const std::string& refusal, const Deadline& deadline);
-// Returns the refusal text, empty when accepted.
-std::string read_reply(int fd, const Deadline& deadline);
+
+// ---- On a socket ----
+
+// Writes one encoded message before the deadline.
+void send_message(int fd, const std::vector<uint8_t>& message, const Deadline& deadline,
+                  const std::string& what);
+// Reads one whole message (header checked before the payload is read). Throws
+// PeerError naming `what` for a malformed header or a closed connection, TimeoutError
+// when the deadline passes.
+std::vector<uint8_t> read_message(int fd, const Deadline& deadline, const std::string& what);
+// The kind of a message read_message() returned.
+MessageKind kind_of(std::span<const uint8_t> message);
+
+// The client's side, on a connected socket: HELLO, CHALLENGE, PROOF, VERDICT. Returns
+// normally once both sides proved the token. Throws PeerError with the server's
+// refusal (or why its proof failed), TimeoutError when the deadline passes. `what`
+// names the connection ("rank 3 connecting to rank 1 (host h)").
+void client_handshake(int fd, const Hello& hello, const std::string& token,
+                      const Deadline& deadline, const std::string& what);
+
+// The server's side, on an accepted socket. Returns the client's HELLO when it is
+// acceptable and proved the token (the VERDICT "accepted" is sent); returns nullopt
+// with `*refusal` set when the connection was refused (a VERDICT with the reason was
+// sent when possible; the caller closes it). `duplicate(rank)` says whether that rank
+// is connected already. Throws PeerError/TimeoutError when the client misbehaves
+// on the wire or goes silent.
+std::optional<Hello> server_handshake(int fd, const Expected& expected,
+                                      const std::function<bool(int)>& duplicate,
+                                      const Deadline& deadline, std::string* refusal);
+
+// Refuses a connection before any handshake (an address the allow-list does not name):
+// takes the client's first message if it comes before the deadline, so that closing
+// does not reset the connection before the client reads why, and answers with a
+// refusal saying `why`. Best effort; never throws.
+void refuse_connection(int fd, const std::string& why, const Deadline& deadline);
 
 }  // namespace chorus::transport::tcp

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "chorus/error.h"
+#include "comm/common/allowlist.h"
+#include "comm/common/auth.h"
 #include "comm/common/logging.h"
 #include "comm/common/socket.h"
 #include "comm/transport/tcp/frame.h"
@@ -337,7 +339,7 @@ std::string TcpTransport::read_control_text(int peer, const RecvEntry& e, size_t
   size_t len = std::min<uint64_t>(e.got.length, kMaxControlPayload);
   std::string text(len, '\0');
   size_t have = std::min(already, len);
-  std::memcpy(text.data(), e.data, have);
+  if (have > 0) std::memcpy(text.data(), e.data, have);  // e.data is null when idle
   try {
     net::read_full(peers_[peer].fd.get(), text.data() + have, len - have,
                    Deadline(std::chrono::seconds(1)), "reading abort reason");
@@ -482,8 +484,10 @@ std::string TcpTransport::salvage_abort_reason(int peer) {
 void TcpTransport::fail_timeout() const {
   std::ostringstream m;
   m << op_name() << " timed out on " << here() << "; still waiting:";
+  std::vector<int> awaited;
   for (int i = 0; i < size_; ++i) {
     const Peer& p = peers_[i];
+    if (!p.recvs.empty() || !p.sends.empty()) awaited.push_back(i);
     for (const RecvEntry& e : p.recvs) {
       m << " to receive " << (sizeof(FrameHeader) + e.want.length - e.done) << " bytes from "
         << peer_name(i) << ";";
@@ -496,7 +500,7 @@ void TcpTransport::fail_timeout() const {
     }
   }
   m << " (a peer is stopped, hung, or behind in a different operation)";
-  throw TimeoutError(m.str());
+  throw TimeoutError(m.str(), std::move(awaited));
 }
 
 void TcpTransport::send_control(FrameKind kind, const std::string& text) {
@@ -530,16 +534,44 @@ void TcpTransport::send_control(FrameKind kind, const std::string& text) {
     } catch (const Error&) {
       // The peer is gone or not reading: closing is all that is left.
     }
-    // Drain what the peer sent (bounded) so that close() sends FIN, not RST, and the
-    // peer can still read the control frame.
-    char sink[16384];
-    for (int k = 0; k < 1024 && ::recv(p.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++k) {
-    }
     ::shutdown(p.fd.get(), SHUT_WR);
-    p.fd.reset();
     p.sends.clear();
     p.recvs.clear();
   }
+  // Closing a socket with unread data in it sends a reset, and a reset can make the
+  // peer lose the control frame just sent: it would then blame this rank ("connection
+  // reset") instead of learning the reason. So read and discard what peers still send
+  // until each closes its side (they do once they read the control frame) or a short
+  // shared deadline passes, and only then close.
+  const Deadline linger(std::chrono::milliseconds(500));
+  std::vector<pollfd> open;
+  std::vector<int> owner;
+  for (int i = 0; i < size_; ++i) {
+    if (i == rank_ || !peers_[i].fd.valid()) continue;
+    open.push_back(pollfd{peers_[i].fd.get(), POLLIN, 0});
+    owner.push_back(i);
+  }
+  char sink[16384];
+  while (!open.empty() && !linger.expired()) {
+    int ready = ::poll(open.data(), open.size(), static_cast<int>(linger.remaining_ms()));
+    if (ready < 0 && errno != EINTR) break;
+    for (size_t k = 0; k < open.size();) {
+      bool done = false;
+      if (open[k].revents != 0) {
+        ssize_t n = ::recv(open[k].fd, sink, sizeof sink, MSG_DONTWAIT);
+        done = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      }
+      if (done) {
+        peers_[owner[k]].fd.reset();
+        open.erase(open.begin() + static_cast<ptrdiff_t>(k));
+        owner.erase(owner.begin() + static_cast<ptrdiff_t>(k));
+      } else {
+        open[k].revents = 0;
+        ++k;
+      }
+    }
+  }
+  for (int i : owner) peers_[i].fd.reset();
 }
 
 void TcpTransport::abort(const std::string& reason) {
@@ -595,27 +627,44 @@ std::vector<Published> exchange_addresses(Store& store, int rank, int size,
   return out;
 }
 
+// Connects to every lower rank in turn and runs the whole handshake with each before
+// the next. This cannot deadlock: a rank accepts only once it has connected to all
+// lower ranks, rank 0 accepts at once, and each connecting rank is busy with exactly
+// the connection its acceptor is serving.
 void connect_lower(std::vector<Peer>& peers, const std::vector<Published>& addrs, int rank,
                    int size, const TcpOptions& opt, const Deadline& deadline) {
   for (int r = 0; r < rank; ++r) {
     std::string what = "rank " + std::to_string(rank) + " connecting to rank " +
-                       std::to_string(r) + " (host " + addrs[r].host + ")";
+                       std::to_string(r) + " (host " + addrs[r].host + ", " + peers[r].address +
+                       ")";
     peers[r].fd = net::connect_to(addrs[r].ip, addrs[r].port, deadline, what);
     Hello h;
     h.from_rank = rank;
     h.to_rank = r;
     h.size = size;
     h.comm_id = opt.comm_id;
-    h.token = opt.token;
-    send_hello(peers[r].fd.get(), h, deadline);
+    h.nonce = auth::make_nonce();
+    try {
+      client_handshake(peers[r].fd.get(), h, opt.token, deadline, what);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError("connecting communicator '" + opt.comm_id + "': " + e.what() +
+                         " (rank " + std::to_string(r) +
+                         " did not complete the handshake within the connect timeout)");
+    }
   }
 }
 
 void accept_higher(std::vector<Peer>& peers, int rank, int size, const TcpOptions& opt,
-                   const net::Fd& listener, const Deadline& deadline) {
+                   const net::AllowList& allowlist, const net::Fd& listener,
+                   const Deadline& deadline) {
   Expected expected{rank, size, opt.comm_id, opt.token};
   int missing = size - 1 - rank;
   std::string last_refusal;
+  auto connected = [&](int r) { return r >= 0 && r < size && peers[r].fd.valid(); };
+  auto refused = [&](const net::SockAddr& from, const std::string& why) {
+    last_refusal = from.str() + ": " + why;
+    CHORUS_LOG(kWarn, "rank " << rank << " refused connection from " << from.str() << ": " << why);
+  };
   while (missing > 0) {
     net::SockAddr from;
     net::Fd fd = net::accept_before(listener.get(), deadline, &from);
@@ -629,35 +678,26 @@ void accept_higher(std::vector<Peer>& peers, int rank, int size, const TcpOption
                          who + " within the connect timeout" +
                          (last_refusal.empty() ? "" : "; last refused: " + last_refusal));
     }
+    if (!allowlist.allows(from)) {
+      std::string why = "address " + from.ip() + " is not in " + allowlist.describe();
+      refused(from, why);
+      refuse_connection(fd.get(), why, deadline.earlier(Deadline(std::chrono::seconds(2))));
+      continue;
+    }
     try {
+      // One connection's handshake never holds the others up for long.
       Deadline hello_deadline = deadline.earlier(Deadline(std::chrono::seconds(10)));
-      Hello h = read_hello(fd.get(), hello_deadline);
-      auto refusal = check_hello(h, expected);
-      if (!refusal && peers[h.from_rank].fd.valid()) refusal = "duplicate connection from rank " + std::to_string(h.from_rank);
-      send_reply(fd.get(), refusal.value_or(""), hello_deadline);
-      if (refusal) {
-        last_refusal = from.str() + ": " + *refusal;
-        CHORUS_LOG(kWarn, "rank " << rank << " refused a connection from " << from.str() << ": "
-                                  << *refusal);
+      std::string refusal;
+      std::optional<Hello> h =
+          server_handshake(fd.get(), expected, connected, hello_deadline, &refusal);
+      if (!h) {
+        refused(from, refusal);
         continue;
       }
-      peers[h.from_rank].fd = std::move(fd);
+      peers[h->from_rank].fd = std::move(fd);
       --missing;
     } catch (const Error& e) {
-      last_refusal = from.str() + ": " + e.what();
-      CHORUS_LOG(kWarn, "rank " << rank << " dropped a connection from " << from.str() << ": "
-                                << e.what());
-    }
-  }
-}
-
-void read_replies(std::vector<Peer>& peers, int rank, const Deadline& deadline) {
-  for (int r = 0; r < rank; ++r) {
-    std::string refusal = read_reply(peers[r].fd.get(), deadline);
-    if (!refusal.empty()) {
-      throw PeerError("rank " + std::to_string(r) + " (host " + peers[r].host +
-                      ") refused the connection from rank " + std::to_string(rank) + ": " +
-                      refusal);
+      refused(from, e.what());
     }
   }
 }
@@ -666,6 +706,9 @@ void read_replies(std::vector<Peer>& peers, int rank, const Deadline& deadline) 
 
 std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size, const TcpOptions& opt) {
   Deadline deadline(opt.connect_timeout);
+  // Read first: a bad allow-list fails before this rank publishes an address.
+  std::shared_ptr<const net::AllowList> allowlist = opt.allowlist;
+  if (!allowlist) allowlist = std::make_shared<const net::AllowList>(net::AllowList::from_env());
   net::Fd listener = net::listen_on(opt.listen_address, 0);
   std::vector<Published> addrs = exchange_addresses(store, rank, size, opt, listener);
   std::vector<Peer> peers(size);
@@ -674,8 +717,7 @@ std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size, const 
     peers[r].address = addrs[r].ip + ":" + std::to_string(addrs[r].port);
   }
   connect_lower(peers, addrs, rank, size, opt, deadline);
-  accept_higher(peers, rank, size, opt, listener, deadline);
-  read_replies(peers, rank, deadline);
+  accept_higher(peers, rank, size, opt, *allowlist, listener, deadline);
   return std::make_unique<TcpTransport>(rank, size, std::move(peers));
 }
 

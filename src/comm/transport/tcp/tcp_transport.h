@@ -9,19 +9,30 @@
 #include "comm/common/deadline.h"
 #include "comm/transport/transport.h"
 
+namespace chorus::net {
+class AllowList;
+}
+
 namespace chorus::transport::tcp {
 
 struct TcpOptions {
   std::string listen_address;  // IP to listen on and publish
   std::string comm_id;         // checked in the handshake
-  std::string token;           // job token, checked in the handshake
+  std::string token;           // job token, proven (never sent) in the handshake
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
+  // Addresses whose connections this rank accepts. Null: the one the environment names
+  // (net::AllowList::from_env(): CHORUS_WHITELIST_FILE, HCCL_WHITELIST_FILE,
+  // HCCL_WHITELIST_DISABLE).
+  std::shared_ptr<const net::AllowList> allowlist;
 };
 
 // Collective: every rank of the group calls it with the same store (already scoped to
 // the communicator) and options. Returns once this rank is connected to every other.
 // Throws TimeoutError naming the ranks that never published or connected, PeerError
-// when a peer refuses the handshake (naming the field).
+// when a peer refuses the handshake (naming the field, or the job token), ConfigError
+// for a bad allow-list. Connections from addresses the allow-list does not name, and
+// ones that fail the handshake, are closed and logged with their address; this rank
+// keeps accepting until the connect deadline.
 std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size,
                                         const TcpOptions& options);
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz with clang (AddressSanitizer and
+# UndefinedBehaviorSanitizer on, the library code they reach instrumented too) in
+# build-fuzz/, and runs each for a bounded number of inputs, starting from the seeds in
+# tests/fuzz/corpus/<target>/. Any crash, sanitizer report or failed check stops the
+# script with the fuzzer's exit status; the input that caused it is left in build-fuzz/.
+#
+#   scripts/fuzz.sh               every target, the default number of runs (CI)
+#   scripts/fuzz.sh idx_fuzz 1e6  one target, more runs
+#   FUZZ_RUNS=N scripts/fuzz.sh   every target, N runs each
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$root/scripts/install-deps.sh" clang libclang-rt-14-dev
+build="$root/build-fuzz"
+
+# Inputs per target in CI, each about half a minute on one core of the CI machine.
+declare -A runs=(
+  [store_protocol_fuzz]=2000000
+  [handshake_fuzz]=5000000
+  [launcher_fuzz]=50000
+  [idx_fuzz]=200000
+)
+targets=("${!runs[@]}")
+if [[ $# -ge 1 ]]; then
+  targets=("$1")
+  [[ $# -ge 2 ]] && runs[$1]=$(printf '%.0f' "$2")
+fi
+if [[ -n "${FUZZ_RUNS:-}" ]]; then
+  for t in "${targets[@]}"; do runs[$t]=$FUZZ_RUNS; done
+fi
+
+flags="-O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="" \
+  -DCHORUS_FUZZ=ON -DCHORUS_BUILD_TESTS=OFF >/dev/null
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:malloc_limit_mb=2048"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+for t in "${targets[@]}"; do
+  seeds="$root/tests/fuzz/corpus/$t"
+  work="$build/corpus/$t"   # grows as the fuzzer finds new paths; never in the source tree
+  mkdir -p "$work"
+  echo "== $t: ${runs[$t]} runs (seeds: tests/fuzz/corpus/$t)"
+  start=$SECONDS
+  (cd "$build" && "$build/bin/$t" -runs="${runs[$t]}" -max_len=4096 -rss_limit_mb=2048 \
+      -print_final_stats=1 "$work" "$seeds" 2>"$build/$t.log") || {
+    tail -n 60 "$build/$t.log"
+    echo "fuzz: $t FAILED (log: $build/$t.log)" >&2
+    exit 1
+  }
+  grep -E "^stat::number_of_executed_units|^Done" "$build/$t.log" | tr '\n' ' '
+  echo "($((SECONDS - start)) s)"
+done
+echo "fuzz: ${#targets[@]} targets clean"

@@ -1,0 +1,82 @@
+#include "comm/common/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <limits>
+#include <vector>
+
+#include "chorus/error.h"
+
+namespace chorus::auth {
+namespace {
+
+constexpr std::string_view kDomain = "chorus-auth-v1";
+
+std::string openssl_error() {
+  unsigned long code = ERR_get_error();
+  if (code == 0) return "no reason given";
+  char text[256];
+  ERR_error_string_n(code, text, sizeof text);
+  return text;
+}
+
+void put_u32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+// A length-prefixed field, so that no two (context, role) pairs encode alike.
+void put_field(std::vector<uint8_t>& out, std::string_view s) {
+  put_u32(out, static_cast<uint32_t>(s.size()));
+  out.insert(out.end(), s.begin(), s.end());
+}
+
+}  // namespace
+
+Nonce make_nonce() {
+  Nonce nonce;
+  if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1) {
+    throw SystemError("authentication: no random bytes for a nonce (OpenSSL RAND_bytes: " +
+                      openssl_error() + ")");
+  }
+  return nonce;
+}
+
+Proof hmac_sha256(std::string_view key, const uint8_t* message, size_t length) {
+  // HMAC() wants a non-null key pointer even for an empty key.
+  static const uint8_t kEmpty = 0;
+  const void* key_bytes = key.empty() ? static_cast<const void*>(&kEmpty) : key.data();
+  if (key.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    throw InvalidArgumentError("authentication: the job token is too long (" +
+                               std::to_string(key.size()) + " bytes)");
+  }
+  Proof out{};
+  unsigned int out_length = 0;
+  if (HMAC(EVP_sha256(), key_bytes, static_cast<int>(key.size()), message, length, out.data(),
+           &out_length) == nullptr ||
+      out_length != out.size()) {
+    throw SystemError("authentication: HMAC-SHA256 failed (OpenSSL: " + openssl_error() + ")");
+  }
+  return out;
+}
+
+Proof prove(std::string_view token, std::string_view context, Role role,
+            const Nonce& client_nonce, const Nonce& server_nonce) {
+  std::vector<uint8_t> message;
+  message.reserve(kDomain.size() + context.size() + 2 * kNonceBytes + 16);
+  put_field(message, kDomain);
+  put_field(message, context);
+  message.push_back(static_cast<uint8_t>(role));
+  message.insert(message.end(), client_nonce.begin(), client_nonce.end());
+  message.insert(message.end(), server_nonce.begin(), server_nonce.end());
+  return hmac_sha256(token, message.data(), message.size());
+}
+
+bool same_proof(const Proof& a, const Proof& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace chorus::auth
