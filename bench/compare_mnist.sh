@@ -2,7 +2,8 @@
 # The seed job (MLP 784-512-512-10 on Fashion-MNIST, SGD lr 1e-3, global batch 512) in
 # chorus on 2 ranks and on 1 rank, in PyTorch DDP over gloo on 2 ranks, and as a plain
 # libtorch loop on 1 process, measured in one run on this machine; prints samples/s
-# and the ratios against their targets.
+# and the ratios against their targets. A fifth config is the ceiling of any 2-rank run
+# here: 2 plain loops side by side, each on half the global batch, that never talk.
 #
 # Usage: bench/compare_mnist.sh [-n STEPS] [-w WARMUP] [-R REPEATS] [-t TIMEOUT_S]
 #   -n  timed optimizer steps per run                        (default 40)
@@ -20,7 +21,7 @@ set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
-readonly CONFIGS=(chorus2 pytorch2 chorus1 plain1)
+readonly CONFIGS=(chorus2 pytorch2 chorus1 plain1 plain2)
 
 steps=40 warmup=5 repeats=2 timeout_s=600
 
@@ -64,6 +65,18 @@ build_programs() {
     die "$PY cannot import torch.distributed and torchvision (python3-torch, python3-torchvision)"
 }
 
+# Every config computes with the same BLAS kernels: the ones chorus-mnist and
+# plain-libtorch-mnist pick for themselves (apps/chorus-mnist/models.h: on a CPU that
+# Debian's OpenBLAS does not know, its AVX-512 or AVX2 kernels instead of the generic
+# ones), exported as OPENBLAS_CORETYPE so that PyTorch loads them too. A value already
+# set is kept.
+choose_blas_kernels() {
+  [[ -z ${OPENBLAS_CORETYPE:-} ]] || return 0
+  local core
+  core=$(OPENBLAS_VERBOSE=2 timeout 60 "$PLAIN" --help 2>&1 >/dev/null | sed -n 's/^Core: //p' | tail -n 1)
+  [[ -z $core ]] || export OPENBLAS_CORETYPE=$core
+}
+
 free_port() {
   timeout 60 $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -102,6 +115,27 @@ run_plain() {
   keep_json plain1 "$log"
 }
 
+# Two plain loops at once, batch 256 each (a rank's share of 512), no communication: the
+# samples/s of both together bound what any 2-rank data-parallel run can reach here.
+run_plain_pair() {
+  local k pids=() rc=0
+  for k in 0 1; do
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$PLAIN" --max-steps $((warmup + steps)) \
+      --warmup-steps "$warmup" --threads 1 --workers 1 --batch-size 256 >"$WORK/plain2.$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for k in 0 1; do
+    wait "${pids[$k]}" || rc=$?
+    ((rc == 0)) || fail_run plain2 "$rc" "$WORK/plain2.$k.log"
+  done
+  $PY - "$WORK/plain2.0.log" "$WORK/plain2.1.log" >>"$WORK/plain2.out" <<'EOF'
+import json, sys
+runs = [json.loads(next(l for l in open(f) if l.startswith("{"))) for f in sys.argv[1:]]
+print(json.dumps({"samples_per_second": sum(r["samples_per_second"] for r in runs),
+                  "blas": runs[0]["blas"] if len({r["blas"] for r in runs}) == 1 else "mixed"}))
+EOF
+}
+
 # One python process per rank; when one fails the others are stopped.
 run_pytorch() {
   local ranks=2 port rank pids=() remaining pid rc=0 done_pid log=$WORK/pytorch2.log
@@ -135,7 +169,7 @@ run_all() {
       echo "compare_mnist: running $config ($run/$repeats)" >&2
       case $config in
         chorus2) run_chorus chorus2 2 ;; chorus1) run_chorus chorus1 1 ;;
-        pytorch2) run_pytorch ;; plain1) run_plain ;;
+        pytorch2) run_pytorch ;; plain1) run_plain ;; plain2) run_plain_pair ;;
       esac
     done
   done
@@ -146,12 +180,17 @@ print_table() {
 import json, sys
 work, steps, warmup, load_before, load_after = sys.argv[1:]
 names = {"chorus2": "chorus, 2 ranks", "chorus1": "chorus, 1 rank",
-         "pytorch2": "PyTorch DDP gloo, 2 ranks", "plain1": "plain libtorch, 1 process"}
-runs = {c: [json.loads(l)["samples_per_second"] for l in open(f"{work}/{c}.out")] for c in names}
+         "pytorch2": "PyTorch DDP gloo, 2 ranks", "plain1": "plain libtorch, 1 process",
+         "plain2": "2 plain processes, 256 each"}
+lines = {c: [json.loads(l) for l in open(f"{work}/{c}.out")] for c in names}
+runs = {c: [j["samples_per_second"] for j in v] for c, v in lines.items()}
+blas = {c: sorted({j.get("blas") or "not OpenBLAS" for j in v}) for c, v in lines.items()}
 best = {c: max(v) for c, v in runs.items()}
 print(f"# seed job, global batch 512, {warmup} warm-up + {steps} timed steps per run, "
       "1 thread per rank; best of the runs")
 print(f"# load average (1/5/15 min) before: {load_before}, after: {load_after}")
+print("# OpenBLAS kernels: " + ", ".join(f"{c} {'/'.join(b)}" for c, b in blas.items()) +
+      ("" if len({tuple(b) for b in blas.values()}) == 1 else "  (DIFFERENT: ratios are not comparable)"))
 print(f"{'config':<28}{'samples/s':>11}  all runs")
 for c, n in names.items():
     print(f"{n:<28}{best[c]:>11.1f}  " + " ".join(f"{x:.1f}" for x in runs[c]))
@@ -161,6 +200,12 @@ for a, b, target in (("chorus2", "pytorch2", 2.0), ("chorus2", "chorus1", 1.8),
                      ("chorus1", "plain1", 0.95)):
     r = best[a] / best[b]
     print(f"{a + '/' + b:<28}{r:>11.2f}{'>= ' + str(target):>9}  {'met' if r >= target else 'MISSED'}")
+print()
+print("against the ceiling: 2 plain processes that never communicate")
+for a, b, what in (("chorus2", "plain2", "chorus's 2-rank efficiency"),
+                   ("plain2", "chorus1", "the most chorus2/chorus1 can be here"),
+                   ("plain2", "pytorch2", "the most chorus2/pytorch2 can be here")):
+    print(f"{a + '/' + b:<28}{best[a] / best[b]:>11.2f}  {what}")
 EOF
 }
 
@@ -170,6 +215,7 @@ main() {
   WORK=$(mktemp -d /tmp/compare_mnist.XXXXXX)
   trap 'rm -rf "$WORK"' EXIT
   build_programs
+  choose_blas_kernels
   LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
   run_all
   print_table

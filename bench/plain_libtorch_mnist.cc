@@ -137,7 +137,8 @@ int train(const Args& a) {
                       {"train_seconds", train_seconds},
                       {"wall_time_s", std::chrono::duration<double>(Clock::now() - wall_start).count()},
                       {"test_accuracy", accuracy},
-                      {"test_loss", test_loss}};
+                      {"test_loss", test_loss},
+                      {"blas", chorus::mnist::openblas_core()}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -145,6 +146,7 @@ int train(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  chorus::mnist::prefer_native_blas_kernels(argv);
   Args a;
   if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
   try {

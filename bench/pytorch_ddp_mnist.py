@@ -116,9 +116,20 @@ def main():
                           "samples_per_second": timed_samples / train_seconds if train_seconds else 0.0,
                           "train_seconds": train_seconds,
                           "wall_time_s": time.perf_counter() - wall_start,
-                          "loss": loss.item()}), flush=True)
+                          "loss": loss.item(), "blas": openblas_core()}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def openblas_core():
+    """The kernels OpenBLAS chose when torch loaded it ("" when torch is not on OpenBLAS)."""
+    import ctypes
+    try:  # the library torch loaded: dlopen returns the same instance
+        name = ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD).openblas_get_corename
+    except (OSError, AttributeError):
+        return ""
+    name.restype = ctypes.c_char_p
+    return name().decode()
 
 
 if __name__ == "__main__":

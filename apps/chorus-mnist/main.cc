@@ -169,7 +169,11 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
     }
   }
   if (!ckpt.empty() && rank == 0) std::filesystem::create_directories(a.checkpoint_dir);
-  DistributedDataParallel ddp(model.ptr(), group);
+  // The gradients live in the buckets: no copy into them before the allreduce and none
+  // back after it (the same numbers as copying, bit for bit).
+  chorus::torch_ext::DdpOptions ddp_options;
+  ddp_options.gradient_as_bucket_view = true;
+  DistributedDataParallel ddp(model.ptr(), group, ddp_options);
   auto save = [&] {
     if (rank == 0 && !ckpt.empty()) chorus::torch_ext::save_checkpoint(ckpt, *model, optimizer, state);
   };
@@ -240,7 +244,8 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
                         {"train_seconds", train_seconds},
                         {"wall_time_s", std::chrono::duration<double>(Clock::now() - wall_start).count()},
                         {"test_accuracy", last.accuracy},
-                        {"test_loss", last.avg_loss}};
+                        {"test_loss", last.avg_loss},
+                        {"blas", chorus::mnist::openblas_core()}};
     std::printf("%s\n", j.dump().c_str());
   }
   group->barrier().wait();
@@ -250,6 +255,7 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  chorus::mnist::prefer_native_blas_kernels(argv);
   Args a;
   if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
   try {

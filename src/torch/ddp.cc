@@ -29,6 +29,9 @@ struct DistributedDataParallel::Impl {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<uintptr_t> hook_keys;
   std::vector<at::Tensor> buffers;
+  // A group of one rank without compression: gradients stay where autograd put them
+  // (no bucket copies, no collectives); the unused-parameter check still runs.
+  bool solo = false;
 };
 
 // Runs after a parameter's gradient has been accumulated into .grad.
@@ -102,6 +105,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     b.buffer = at::zeros({b.offsets.back() + last.numel()}, last.options().requires_grad(false));
   }
   impl_->ready.assign(n, false);
+  impl_->solo = group_->size() == 1 && options_.compression == Compression::kNone;
   for (size_t k = 0; k < n; ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(impl_->params[k]);
     impl_->hook_keys.push_back(acc->add_post_hook(std::make_unique<GradHook>(this, k)));
@@ -143,12 +147,13 @@ void DistributedDataParallel::on_grad_ready(size_t k) {
   if (!impl_->in_backward) start_backward();
   if (impl_->ready[k]) return;
   impl_->ready[k] = true;
+  if (impl_->solo) return;  // one rank: the average is the gradient itself
   Bucket& b = impl_->buckets[impl_->bucket_of[k]];
   const at::Tensor& p = impl_->params[k];
   at::Tensor slot = b.buffer.narrow(0, b.offsets[impl_->slot_of[k]], p.numel());
   const at::Tensor& grad = p.grad();
-  if (grad.defined()) slot.copy_(grad.reshape(-1));
-  else slot.zero_();
+  if (!grad.defined()) slot.zero_();
+  else if (grad.data_ptr() != slot.data_ptr()) slot.copy_(grad.reshape(-1));  // not in the bucket yet
   if (--b.pending == 0) launch_ready_buckets();
 }
 
@@ -176,9 +181,16 @@ void DistributedDataParallel::finish_backward() {
       unused += (unused.empty() ? "" : ", ") + impl_->names[k];
       continue;
     }
+    impl_->ready[k] = true;
+    if (impl_->solo) {  // as with more ranks: an unused parameter's gradient is zero
+      torch::NoGradGuard no_grad;
+      at::Tensor& p = impl_->params[k];
+      if (p.grad().defined()) p.mutable_grad().zero_();
+      else p.mutable_grad() = at::zeros_like(p);
+      continue;
+    }
     Bucket& b = impl_->buckets[impl_->bucket_of[k]];
     b.buffer.narrow(0, b.offsets[impl_->slot_of[k]], impl_->params[k].numel()).zero_();
-    impl_->ready[k] = true;
     --b.pending;
   }
   if (!unused.empty()) {
@@ -190,6 +202,7 @@ void DistributedDataParallel::finish_backward() {
         ": these parameters got no gradient in this backward pass: " + unused +
         " (construct with find_unused_parameters = true if that is intended)");
   }
+  if (impl_->solo) return;
   launch_ready_buckets();
   torch::NoGradGuard no_grad;
   for (Bucket& b : impl_->buckets) {
@@ -199,7 +212,14 @@ void DistributedDataParallel::finish_backward() {
       at::Tensor& p = impl_->params[b.params[s]];
       at::Tensor view = b.buffer.narrow(0, b.offsets[s], p.numel()).view(p.sizes());
       if (options_.gradient_as_bucket_view) {
-        p.mutable_grad() = view;
+        if (!p.grad().defined() || p.grad().data_ptr() != view.data_ptr()) {
+          // Shares the bucket's storage without being an autograd view, so that
+          // Optimizer::zero_grad() (detach_ and zero_) works on it; the next backward
+          // then accumulates straight into the bucket, and no copy is made either way.
+          at::Tensor alias = at::empty({0}, view.options());
+          alias.set_(b.buffer.storage(), view.storage_offset(), view.sizes(), view.strides());
+          p.mutable_grad() = alias;
+        }
       } else if (p.grad().defined()) {
         p.mutable_grad().copy_(view);
       } else {

@@ -8,6 +8,7 @@
 
 #include "chorus/chorus.h"
 #include "chorus/torch/ddp.h"
+#include "util/checks.h"
 #include "util/ranks.h"
 
 namespace chorus::torch_ext {
@@ -81,6 +82,78 @@ TEST(Ddp, ReplicasStartEqualAndStayBitwiseEqual) {
       EXPECT_TRUE(torch::equal(final[0][k], final[r][k])) << "rank " << r << " parameter " << k;
     }
   }
+}
+
+// gradient_as_bucket_view: libtorch's Optimizer::zero_grad() detaches and zeroes every
+// .grad in place, which must work on the bucket-backed gradients; training must match
+// the copying mode bit for bit; and from the second step on the gradients stay in the
+// buckets (the same storage every step, no copies).
+TEST(Ddp, GradientAsBucketViewWorksWithTheOptimizerAndMatchesCopies) {
+  const int size = 3;
+  std::vector<std::vector<torch::Tensor>> final[2];
+  for (int view = 0; view < 2; ++view) {
+    final[view].resize(size);
+    on_ranks(size, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+      Mlp model = seeded_mlp(rank);
+      DdpOptions o;
+      o.find_unused_parameters = true;
+      o.gradient_as_bucket_view = view == 1;
+      DistributedDataParallel ddp(model.ptr(), group, o);
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      std::vector<const void*> storage;
+      for (int step = 0; step < 5; ++step) {
+        opt.zero_grad();
+        auto loss = ddp.forward(model, batch_for(rank, step)).pow(2).mean();
+        loss.backward();
+        opt.step();
+        if (view == 1) {
+          std::vector<const void*> now;
+          for (auto& p : model->parameters()) now.push_back(p.grad().data_ptr());
+          if (step > 0) {
+            EXPECT_EQ(now, storage) << "step " << step << ": a gradient left its bucket";
+          }
+          storage = now;
+        }
+      }
+      final[view][rank] = snapshot(*model);
+    });
+  }
+  for (int r = 0; r < size; ++r) {
+    for (size_t k = 0; k < final[0][0].size(); ++k) {
+      EXPECT_TRUE(torch::equal(final[0][0][k], final[1][r][k])) << "rank " << r << " parameter " << k;
+    }
+  }
+}
+
+// One rank: the average is the gradient itself, so DDP must train exactly like the
+// model without it; an unused parameter still gets a zero gradient, or the error.
+TEST(Ddp, OneRankTrainsExactlyLikeThePlainModel) {
+  auto train = [](Mlp model, DistributedDataParallel* ddp) {
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < 4; ++step) {
+      opt.zero_grad();
+      torch::Tensor out = ddp ? ddp->forward(model, batch_for(0, step)) : model->forward(batch_for(0, step));
+      out.pow(2).mean().backward();
+      opt.step();
+    }
+    return snapshot(*model);
+  };
+  Mlp plain = seeded_mlp(3);
+  std::vector<torch::Tensor> expected = train(plain, nullptr), got;
+  on_ranks(1, [&](int, std::shared_ptr<ProcessGroup> group) {
+    Mlp model = seeded_mlp(3);
+    DistributedDataParallel ddp(model.ptr(), group, DdpOptions{.find_unused_parameters = true});
+    got = train(model, &ddp);
+    EXPECT_TRUE(torch::equal(model->side->weight.grad(), torch::zeros_like(model->side->weight)));
+  });
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(torch::equal(got[k], expected[k])) << "parameter " << k;
+  on_ranks(1, [&](int, std::shared_ptr<ProcessGroup> group) {
+    Mlp model = seeded_mlp(3);
+    DistributedDataParallel ddp(model.ptr(), group);
+    std::string what = test::error_of<InvalidArgumentError>([&] { ddp.forward(model, batch_for(0, 0)).sum().backward(); });
+    EXPECT_NE(what.find("side.weight"), std::string::npos) << what;
+  });
 }
 
 TEST(Ddp, GradientsAreTheAverageOverRanks) {

@@ -81,6 +81,48 @@ std::string make_tiny_dataset(int train, int test) {
   return dir;
 }
 
+// The OpenBLAS kernels chorus-mnist computed with (its JSON line's "blas"), run on 1
+// rank with OPENBLAS_CORETYPE set to `coretype`, or unset when it is empty.
+std::string blas_kernels_of_a_run(const std::string& data, const std::string& coretype,
+                                  std::string* output) {
+  chorus::test::SpawnOptions o;
+  o.args = {"--standalone", "--nproc-per-node", "1", "--tee", "3", kMnist, "--data-dir", data,
+            "--dataset", "mnist", "--epochs", "1", "--max-steps", "1", "--batch-size", "64"};
+  o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
+  o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_STORE_HOSTED"};
+  if (coretype.empty()) o.unset_env.push_back("OPENBLAS_CORETYPE");
+  else o.env["OPENBLAS_CORETYPE"] = coretype;
+  Subprocess run(kRun, o);
+  EXPECT_TRUE(run.wait_for(300s)) << run.output_text();
+  EXPECT_EQ(run.exit_code(), 0) << run.output_text();
+  *output = run.output_text();
+  std::smatch m;
+  std::string out = run.stdout_text();
+  if (!std::regex_search(out, m, std::regex("\"blas\":\"([^\"]*)\""))) {
+    ADD_FAILURE() << "no blas in the JSON line: " << out;
+    return "?";
+  }
+  return m[1];
+}
+
+// Debian 12's OpenBLAS falls back to its generic Prescott kernels on CPUs it does not
+// know; chorus-mnist then runs itself again with kernels for what the CPU has. A
+// kernel set the user chose is kept.
+TEST(ChorusMnist, ComputesWithNativeBlasKernelsUnlessTheUserChose) {
+  std::string data = make_tiny_dataset(256, 64), output;
+  std::string chosen = blas_kernels_of_a_run(data, "Prescott", &output);
+  if (chosen.empty()) GTEST_SKIP() << "libtorch does not compute on OpenBLAS here";
+  EXPECT_EQ(chosen, "Prescott") << output;
+  EXPECT_FALSE(contains(output, "running again")) << output;
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    GTEST_SKIP() << "this CPU has no AVX2 and FMA: the generic kernels are what it can run";
+  }
+  std::string picked = blas_kernels_of_a_run(data, "", &output);
+  EXPECT_NE(picked, "Prescott") << output;
+  EXPECT_FALSE(picked.empty()) << output;
+}
+
 TEST(ChorusMnist, FirstLossesAreTheSeedJobs) {
   if (!std::filesystem::exists(kFashion + "/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Fashion-MNIST is not installed (scripts/install-deps.sh installs "
