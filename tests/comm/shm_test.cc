@@ -8,12 +8,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "chorus/chorus.h"
 #include "comm/core/topology.h"
+#include "comm/transport/shm/shm_group.h"
 #include "util/ranks.h"
 
 namespace chorus {
@@ -164,6 +169,89 @@ TEST(Shm, LargeAllreduceWithStreamingStoresIsExact) {
     EXPECT_EQ(wrong, 0u);
     EXPECT_EQ(out[0], -1.0f);  // nothing written before the output
   });
+}
+
+// The ranks agree on cross-memory attach: on when every rank can read every other's
+// memory, off everywhere when any rank is told not to try (CHORUS_SHM_CMA=0 on one).
+TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
+  for (int refuser : {-1, 0, 2}) {
+    SCOPED_TRACE("rank not trying: " + std::to_string(refuser));
+    InMemoryStore store;
+    std::vector<int> on(3, -1);
+    auto errors = test::run_threads(3, [&](int rank) {
+      transport::shm::GroupConfig config;
+      config.rank = rank;
+      config.members = {0, 1, 2};
+      config.hosts = {"h", "h", "h"};
+      config.buffer_bytes = 64 * 1024;
+      config.try_cma = rank != refuser;
+      std::string why_not;
+      auto group = transport::shm::ShmGroup::connect(store, config, why_not);
+      ASSERT_NE(group, nullptr) << why_not;
+      on[rank] = group->cma();
+      group->close();
+    });
+    test::rethrow_rank_failures(errors);
+    // Threads of one process can always read its memory, unless the kernel forbids the
+    // call altogether (seccomp): then nobody may use it.
+    const bool expected = refuser < 0;
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(on[r], expected) << "rank " << r;
+  }
+}
+
+// Allreduce through cross-memory attach and through the segment: every size where the
+// former is used (and its edges), in place and not, every reducing op: the same bytes,
+// since both add the ranks in rank order, and the closed form where it is exact.
+TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
+  const std::vector<size_t> counts = {(256 << 10) / 4 - 1, (256 << 10) / 4, 70001, (1 << 20) + 3,
+                                      (32 << 20) / 4 - 1};
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
+  std::map<std::string, std::vector<float>> results[2];
+  for (int cma : {1, 0}) {
+    setenv("CHORUS_SHM_CMA", cma ? "1" : "0", 1);
+    run_ranks(3, test::test_options(), [](int) { return ""; }, [&](Communicator& c) {
+      for (size_t count : counts) {
+        for (ReduceOp op : ops) {
+          for (bool in_place : {false, true}) {
+            std::vector<float> in(count), out(count, -7.0f);
+            for (size_t i = 0; i < count; ++i) {
+              in[i] = 1.0f + static_cast<float>((i * 2654435761u + 97u * c.rank()) % 1000) / 999.0f;
+            }
+            if (in_place) {
+              c.allreduce(in.data(), count, DataType::kFloat32, op).wait();
+              out = in;
+            } else {
+              c.allreduce(in.data(), out.data(), count, DataType::kFloat32, op).wait();
+            }
+            if (op == ReduceOp::kMax) {
+              for (size_t i = 0; i < count; i += 4099) {
+                float want = 0;
+                for (int r = 0; r < 3; ++r) {
+                  want = std::max(want, 1.0f + static_cast<float>((i * 2654435761u + 97u * r) % 1000) / 999.0f);
+                }
+                ASSERT_EQ(out[i], want) << "element " << i;
+              }
+            }
+            std::string key = std::to_string(count) + "/" + std::to_string(static_cast<int>(op)) +
+                              "/" + std::to_string(in_place) + "/" + std::to_string(c.rank());
+            static std::mutex m;
+            std::lock_guard<std::mutex> lock(m);
+            results[cma][key] = std::move(out);
+          }
+        }
+      }
+    });
+  }
+  unsetenv("CHORUS_SHM_CMA");
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (const auto& [key, seg] : results[0]) {
+    const std::vector<float>& via_cma = results[1].at(key);
+    ASSERT_EQ(via_cma.size(), seg.size()) << key;
+    EXPECT_EQ(std::memcmp(via_cma.data(), seg.data(), seg.size() * sizeof(float)), 0) << key;
+    std::string rank0 = key.substr(0, key.rfind('/')) + "/0";
+    EXPECT_EQ(std::memcmp(via_cma.data(), results[1].at(rank0).data(), seg.size() * sizeof(float)), 0)
+        << key << " differs from rank 0";
+  }
 }
 
 }  // namespace

@@ -8,6 +8,12 @@
 // buffer, and after a second phase every rank copies all slices out. Every slice is computed by one rank,
 // so all ranks get the same bytes. Chunks of at most kSmallBytes skip the second phase:
 // every rank reduces the whole chunk itself, in the same order.
+//
+// Large allreduces where the ranks can read each other's memory (ShmGroup::cma()) skip
+// the segment: each rank reduces its slice from the ranks' own inputs (read with
+// process_vm_readv into cache-sized pieces) into its own output, then copies the other
+// slices from their owners' outputs straight into its own. Every byte crosses between
+// processes once instead of twice, and no rank copies its input anywhere.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -30,6 +36,16 @@ constexpr size_t kSmallBytes = 8 * 1024;
 // stores): they would not fit anyway, and a normal store first reads every line it
 // writes, a third more memory traffic.
 constexpr size_t kStreamBytes = 64 * 1024 * 1024;
+// Allreduces from kCmaMinBytes up to below kCmaMaxBytes use cross-memory attach when it
+// is available. Below, the syscalls cost more than the copy they save; above, the data
+// comes from memory rather than the caches, and the kernel, which pins every page it
+// reads from the peer, then moves it more slowly (about 4 GB/s here) than the segment
+// path with its streaming stores.
+constexpr size_t kCmaMinBytes = 256 * 1024;
+constexpr size_t kCmaMaxBytes = 32 * 1024 * 1024;
+// The pieces a rank reads its peers' inputs in: small enough to stay in cache between
+// the read and the reduction.
+constexpr size_t kCmaPieceBytes = 128 * 1024;
 
 // memcpy with non-temporal stores where the CPU has them; stream_done() orders them
 // before anything this thread publishes later.
@@ -124,6 +140,52 @@ void copy_slices(const Context& ctx, const ShmGroup& g, int b, size_t n, uint8_t
   }
 }
 
+// The allreduce through cross-memory attach (see the top of the file). Three phases:
+// buffers published (and descriptors compared); every slice reduced; every slice
+// copied. The last arrival tells the peers this rank no longer reads their buffers, and
+// a rank returns only when all have said so.
+void cma_allreduce(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* out,
+                   size_t count, bool avg) {
+  const size_t e = ctx.elem;
+  const int me = g.local_rank(), p = g.local_size();
+  g.publish_buffers(in, out);
+  g.arrive();
+  g.wait_all();
+  const size_t mine = block_begin(count, p, me), mine_n = block_count(count, p, me);
+  const size_t piece = std::max<size_t>(1, kCmaPieceBytes / e);
+  uint8_t* tmp[3] = {ctx.scratch.get(3 * piece * e, 2), nullptr, nullptr};
+  tmp[1] = tmp[0] + piece * e;
+  tmp[2] = tmp[1] + piece * e;
+  // In place, the partial sums overwrite this rank's input before ranks after the first
+  // two are added: from local rank 2 on, the rank's own piece is added from a copy.
+  const bool own_copy = in == out && me >= 2;
+  for (size_t at = mine; at < mine + mine_n; at += piece) {
+    const size_t n = std::min(piece, mine + mine_n - at);
+    if (own_copy) std::memcpy(tmp[2], in + at * e, n * e);
+    // Local rank r's elements [at, at + n): this rank's own input, or a copy of a peer's.
+    auto source = [&](int r, int t) -> const uint8_t* {
+      if (r == me) return own_copy ? tmp[2] : in + at * e;
+      g.read_peer(r, g.peer_in(r) + at * e, tmp[t], n * e);
+      return tmp[t];
+    };
+    uint8_t* dst = out + at * e;
+    const uint8_t* a = source(0, 0);
+    const uint8_t* b = source(1, 1);
+    ctx.reduce(dst, a, b, n);
+    for (int r = 2; r < p; ++r) ctx.reduce(dst, dst, source(r, 0), n);
+    average(ctx, dst, n, avg);
+  }
+  g.arrive();
+  g.wait_all();
+  for (int r = 0; r < p; ++r) {
+    if (r == me) continue;
+    const size_t from = block_begin(count, p, r), n = block_count(count, p, r);
+    g.read_peer(r, g.peer_out(r) + from * e, out + from * e, n * e);
+  }
+  g.arrive();
+  g.wait_all();
+}
+
 }  // namespace
 
 void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
@@ -134,6 +196,9 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   g.expect(describe(ctx, "allreduce", count));
+  if (g.cma() && count * e >= kCmaMinBytes && count * e < kCmaMaxBytes) {
+    return cma_allreduce(ctx, g, src, dst, count, avg);
+  }
   const bool stream = count * e >= kStreamBytes;
   for (size_t at = 0; at < count; at += chunk) {
     const size_t n = std::min(chunk, count - at);

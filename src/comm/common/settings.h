@@ -55,6 +55,10 @@ std::string transport();
 // CHORUS_COST_MODEL: parameters of the algorithm cost model (cost_model.h), e.g.
 // "tcp_alpha_us=20,tcp_gbps=10"; empty when unset.
 std::string cost_model();
+
+// CHORUS_SHM_CMA: 1 (default) lets ranks of one node read each other's buffers with
+// process_vm_readv where the kernel allows it; 0 keeps every byte in the segment.
+bool shm_cma();
 // CHORUS_DEBUG: OFF (default) | INFO | DETAIL. DETAIL compares every collective's
 // fingerprint across ranks before it runs.
 bool debug_detail();

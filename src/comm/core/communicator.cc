@@ -80,6 +80,7 @@ void CommunicatorImpl::connect_shared_memory(Store& scoped) {
   config.members = topology_.node_ranks[topology_.node];
   config.hosts = hosts_;
   config.node = topology_.node;
+  config.try_cma = settings::shm_cma();
   std::string why_not;
   shm_ = transport::shm::ShmGroup::connect(scoped, config, why_not);
   if (shm_) return;

@@ -5,11 +5,13 @@
 #include <signal.h>
 #include <sched.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <random>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -106,6 +108,8 @@ struct ShmGroup::Control {
   alignas(64) uint32_t state;    // State
   int32_t pid;
   OpDesc desc[2];                // by phase parity: a fast peer may publish the next one
+  uint64_t in_addr, out_addr;    // publish_buffers(): the current operation's buffers
+  uint64_t probe_addr, probe_value;  // set-up: where this rank's probe cookie is, and its value
   char reason[kReasonBytes];     // why it aborted, NUL-terminated
 };
 
@@ -189,6 +193,9 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& con
     group.reset(new ShmGroup(config, std::move(segment), local_rank));
     Control& mine = group->control(local_rank);
     mine.pid = static_cast<int32_t>(getpid());
+    group->probe_cookie_ = std::random_device()() | (static_cast<uint64_t>(std::random_device()()) << 32);
+    mine.probe_addr = reinterpret_cast<uint64_t>(&group->probe_cookie_);
+    mine.probe_value = group->probe_cookie_;
     atomic(mine.state).store(kActive);
   }
   store.set(base + "ok/" + std::to_string(local_rank), bytes_of(error.empty() ? "ok" : error));
@@ -212,7 +219,81 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& con
     if (pid != self) group->pidfds_[i] = open_pidfd(pid);
   }
   group->next_liveness_check_ = std::chrono::steady_clock::now();
+  group->probe_cma(store, base);
   return group;
+}
+
+// Every rank reads every peer's probe cookie through process_vm_readv and reports
+// whether all came back right; cross-memory attach is used only when all did, so that
+// every rank picks the same algorithms.
+void ShmGroup::probe_cma(Store& store, const std::string& base) {
+  bool ok = config_.try_cma;
+  for (int i = 0; i < local_size_ && ok; ++i) {
+    if (i == local_rank_) continue;
+    const Control& c = control(i);
+    uint64_t value = 0;
+    iovec local{&value, sizeof value};
+    iovec remote{reinterpret_cast<void*>(c.probe_addr), sizeof value};
+    ok = process_vm_readv(c.pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof value) &&
+         value == c.probe_value;
+  }
+  const std::string key = base + "cma/";
+  store.set(key + std::to_string(local_rank_), Bytes{static_cast<uint8_t>(ok ? 1 : 0)});
+  bool all = ok;
+  for (int i = 0; i < local_size_; ++i) {
+    if (i == local_rank_) continue;
+    Bytes b = store.get(key + std::to_string(i));
+    all = all && b.size() == 1 && b[0] == 1;
+  }
+  cma_ = all;
+  CHORUS_LOG(kDebug, std::string("shared memory: cross-memory attach ") + (cma_ ? "on" : "off"));
+}
+
+void ShmGroup::publish_buffers(const void* in, void* out) {
+  Control& mine = control(local_rank_);
+  mine.in_addr = reinterpret_cast<uint64_t>(in);
+  mine.out_addr = reinterpret_cast<uint64_t>(out);
+}
+
+uint64_t ShmGroup::peer_in(int i) const { return control(i).in_addr; }
+uint64_t ShmGroup::peer_out(int i) const { return control(i).out_addr; }
+
+void ShmGroup::read_peer(int i, uint64_t from, void* to, size_t bytes) {
+  const pid_t pid = control(i).pid;
+  auto* dst = static_cast<uint8_t*>(to);
+  while (bytes > 0) {
+    // The kernel copies at most this much per call; bounded calls also keep an
+    // interrupt or a deadline from waiting behind one very long copy.
+    const size_t n = std::min<size_t>(bytes, size_t{64} << 20);
+    iovec local{dst, n};
+    iovec remote{reinterpret_cast<void*>(from), n};
+    ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      if (got < 0 && errno == EINTR) continue;
+      fail_read(i, got < 0 ? errno : EFAULT);
+    }
+    dst += got;
+    from += static_cast<uint64_t>(got);
+    bytes -= static_cast<size_t>(got);
+    if (interrupted_.load(std::memory_order_acquire) || op_.deadline.expired()) {
+      check_peers(phase_ + 1, true);
+      if (op_.deadline.expired()) fail_timeout(phase_ + 1);
+    }
+  }
+}
+
+void ShmGroup::fail_read(int i, int err) {
+  // A peer that was killed is usually why: give its exit up to a second to show, so
+  // that the error says it died, as everywhere else.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  do {
+    check_peers(phase_ + 1, true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  } while (std::chrono::steady_clock::now() < until);
+  std::string who = rank_name(i);
+  who.insert(who.size() - 1, ", pid " + std::to_string(control(i).pid));
+  throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": reading the buffers of " +
+                  who + " failed: " + std::strerror(err));
 }
 
 void ShmGroup::begin(const OpInfo& op) { op_ = op; }

@@ -17,6 +17,13 @@
 // The first phase of every operation also compares a descriptor of the collective
 // (kind, count, dtype, op, root) across ranks, so that ranks calling different
 // collectives fail with a message naming both instead of exchanging wrong data.
+//
+// Cross-memory attach: where the kernel lets the ranks read each other's memory
+// (process_vm_readv: same user, ptrace allowed; tried at set-up, and the ranks agree),
+// large collectives can read a peer's own input and output buffers directly, one copy
+// instead of two through the segment. A rank publishes its buffers' addresses with
+// publish_buffers() before an arrival; peers read them with read_peer() between that
+// arrival and the rank's next one that says it is done with them.
 #pragma once
 
 #include <atomic>
@@ -47,7 +54,8 @@ struct GroupConfig {
   std::vector<int> members;         // the node's ranks (communicator numbering), ascending
   std::vector<std::string> hosts;   // host of every rank of the communicator
   int node = 0;                     // node index, for store keys
-  size_t buffer_bytes = 256 * 1024; // each of a rank's two buffers
+  size_t buffer_bytes = 1024 * 1024; // each of a rank's two buffers
+  bool try_cma = true;              // try cross-memory attach (CHORUS_SHM_CMA=0: no)
 };
 
 class ShmGroup {
@@ -82,6 +90,18 @@ class ShmGroup {
   void arrive();
   void wait_all();
 
+  // Whether every local rank can read every other's memory (cross-memory attach).
+  bool cma() const { return cma_; }
+  // Publishes this rank's input and output of the current operation; visible to the
+  // peers after the next arrive().
+  void publish_buffers(const void* in, void* out);
+  // Address of local rank i's published input or output.
+  uint64_t peer_in(int i) const;
+  uint64_t peer_out(int i) const;
+  // Copies `bytes` from address `from` in local rank i's memory to `to`. A peer that
+  // died or cannot be read becomes PeerError naming the operation and both ranks.
+  void read_peer(int i, uint64_t from, void* to, size_t bytes);
+
   // Thread-safe: the wait in progress (or the next) throws AbortedError.
   void interrupt(const std::string& reason);
   // Tells the local peers that this rank aborted, with `reason`. Idempotent.
@@ -100,6 +120,8 @@ class ShmGroup {
   void spin_until_arrived(uint64_t phase);
   void check_peers(uint64_t phase, bool liveness);
   void check_descriptors();
+  void probe_cma(Store& store, const std::string& base);
+  [[noreturn]] void fail_read(int i, int err);
   void wake();
   [[noreturn]] void fail_timeout(uint64_t phase) const;
   std::string op_name() const;
@@ -126,6 +148,8 @@ class ShmGroup {
   std::mutex interrupt_mutex_;
   std::string interrupt_reason_;
   bool left_ = false;
+  bool cma_ = false;
+  uint64_t probe_cookie_ = 0;   // read by the peers at set-up to try cross-memory attach
 };
 
 }  // namespace chorus::transport::shm
