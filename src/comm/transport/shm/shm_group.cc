@@ -316,8 +316,13 @@ void ShmGroup::arrive() {
     mine.desc[phase_ & 1] = desc_;
     desc_pending_ = false;
   }
-  atomic(mine.arrived).store(phase_, std::memory_order_release);
-  wake();
+  // Only a sleeper needs the epoch to change. A waiter announces itself in `sleepers`
+  // before it checks the arrivals one last time and sleeps; with both sides
+  // sequentially consistent, either it sees this arrival or this sees it. Skipping the
+  // shared epoch when nobody sleeps keeps that cache line from bouncing between the
+  // ranks on every phase (a seventh of a small allreduce's time here).
+  atomic(mine.arrived).store(phase_, std::memory_order_seq_cst);
+  if (atomic(header().sleepers).load(std::memory_order_seq_cst) > 0) wake();
 }
 
 bool ShmGroup::all_arrived(uint64_t phase) const {
