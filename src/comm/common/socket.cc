@@ -45,8 +45,12 @@ std::string SockAddr::ip() const {
 }
 
 std::string SockAddr::str() const {
-  if (family() == AF_INET6) return "[" + ip() + "]:" + std::to_string(port());
-  return ip() + ":" + std::to_string(port());
+  // Appended piece by piece: GCC 12 warns (-Wrestrict, wrongly) on "[" + ip() + ...
+  std::string s = family() == AF_INET6 ? "[" : "";
+  s += ip();
+  s += family() == AF_INET6 ? "]:" : ":";
+  s += std::to_string(port());
+  return s;
 }
 
 std::vector<SockAddr> resolve(const std::string& host, uint16_t port) {
