@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <random>
 #include <cstring>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -327,7 +327,9 @@ void ShmGroup::arrive() {
 
 bool ShmGroup::all_arrived(uint64_t phase) const {
   for (int i = 0; i < local_size_; ++i) {
-    if (atomic(control(i).arrived).load(std::memory_order_acquire) < phase) return false;
+    // Sequentially consistent: the last check before a sleep pairs with arrive()'s
+    // store and load of `sleepers` (on x86 this costs nothing over acquire).
+    if (atomic(control(i).arrived).load(std::memory_order_seq_cst) < phase) return false;
   }
   return true;
 }
