@@ -107,10 +107,15 @@ run_chorus() {
   keep_json "$1" "$log"
 }
 
+# plain_loop [ARGS...]: one plain-libtorch-mnist run with the configs' common settings.
+plain_loop() {
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$PLAIN" --max-steps $((warmup + steps)) \
+    --warmup-steps "$warmup" --threads 1 --workers 1 "$@"
+}
+
 run_plain() {
   local log=$WORK/plain1.log rc=0
-  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$PLAIN" --max-steps $((warmup + steps)) \
-    --warmup-steps "$warmup" --threads 1 --workers 1 >"$log" 2>&1 || rc=$?
+  plain_loop >"$log" 2>&1 || rc=$?
   ((rc == 0)) || fail_run plain1 "$rc" "$log"
   keep_json plain1 "$log"
 }
@@ -120,8 +125,7 @@ run_plain() {
 run_plain_pair() {
   local k pids=() rc=0
   for k in 0 1; do
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$PLAIN" --max-steps $((warmup + steps)) \
-      --warmup-steps "$warmup" --threads 1 --workers 1 --batch-size 256 >"$WORK/plain2.$k.log" 2>&1 &
+    plain_loop --batch-size 256 >"$WORK/plain2.$k.log" 2>&1 &
     pids+=($!)
   done
   for k in 0 1; do

@@ -206,6 +206,10 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
   const std::vector<size_t> counts = {(256 << 10) / 4 - 1, (256 << 10) / 4, 70001, (1 << 20) + 3,
                                       (32 << 20) / 4 - 1};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
+  // Rank r's element i: in [1, 2], different on every rank.
+  auto value = [](size_t i, int r) {
+    return 1.0f + static_cast<float>((i * 2654435761u + 97u * r) % 1000) / 999.0f;
+  };
   std::map<std::string, std::vector<float>> results[2];
   for (int cma : {1, 0}) {
     setenv("CHORUS_SHM_CMA", cma ? "1" : "0", 1);
@@ -214,9 +218,7 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
         for (ReduceOp op : ops) {
           for (bool in_place : {false, true}) {
             std::vector<float> in(count), out(count, -7.0f);
-            for (size_t i = 0; i < count; ++i) {
-              in[i] = 1.0f + static_cast<float>((i * 2654435761u + 97u * c.rank()) % 1000) / 999.0f;
-            }
+            for (size_t i = 0; i < count; ++i) in[i] = value(i, c.rank());
             if (in_place) {
               c.allreduce(in.data(), count, DataType::kFloat32, op).wait();
               out = in;
@@ -226,9 +228,7 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
             if (op == ReduceOp::kMax) {
               for (size_t i = 0; i < count; i += 4099) {
                 float want = 0;
-                for (int r = 0; r < 3; ++r) {
-                  want = std::max(want, 1.0f + static_cast<float>((i * 2654435761u + 97u * r) % 1000) / 999.0f);
-                }
+                for (int r = 0; r < 3; ++r) want = std::max(want, value(i, r));
                 ASSERT_EQ(out[i], want) << "element " << i;
               }
             }

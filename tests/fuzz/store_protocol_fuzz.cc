@@ -1,7 +1,7 @@
 // libFuzzer target: the TCP store's wire decoding (src/comm/store/tcp_store_protocol.h).
-// Any byte string is either refused with a reason or decoded; a decoded request or reply
-// must encode back to a frame that decodes to the same thing. The first byte picks
-// whether the rest is read as a request, a reply or an authentication message.
+// Any byte string is either refused with a reason or decoded; a decoded request, reply
+// or authentication message must encode back to a frame that decodes to the same thing.
+// The first byte picks which of the three the rest is read as.
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
@@ -14,8 +14,8 @@ namespace wire = chorus::store_wire;
 
 namespace {
 
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "store_protocol_fuzz: %s\n", what);
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "store_protocol_fuzz: %s\n", what.c_str());
   std::abort();
 }
 
@@ -29,14 +29,37 @@ bool same(const wire::Reply& a, const wire::Reply& b) {
          a.missing_count == b.missing_count && a.keys == b.keys && a.message == b.message;
 }
 
-// The payload of a whole frame, after checking its length prefix.
-std::span<const uint8_t> payload_of(const chorus::Bytes& frame) {
+bool same(const wire::AuthMessage& a, const wire::AuthMessage& b) {
+  return wire::encode_auth(a) == wire::encode_auth(b);
+}
+
+// The payload of a whole frame, after checking its length prefix with `length_ok`
+// (check_frame_length, or check_auth_frame_length for authentication frames).
+std::span<const uint8_t> payload_of(const chorus::Bytes& frame,
+                                    bool (*length_ok)(uint32_t, std::string*)) {
   if (frame.size() < wire::kLengthPrefixBytes) fail("encoded frame shorter than its prefix");
   uint32_t length = wire::read_length_prefix(frame.data());
   if (length != frame.size() - wire::kLengthPrefixBytes) fail("length prefix disagrees");
   std::string reason;
-  if (!wire::check_frame_length(length, &reason)) fail("re-encoded frame refused by its length");
+  if (!length_ok(length, &reason)) fail("re-encoded frame refused by its length");
   return std::span<const uint8_t>(frame).subspan(wire::kLengthPrefixBytes);
+}
+
+// Decodes `payload` as a `what`; when that succeeds, encodes it, checks the frame and
+// decodes it again, which must give the same message.
+template <class Message, class Decode, class Encode>
+void round_trip(const std::string& what, std::span<const uint8_t> payload, Decode decode,
+                Encode encode, bool (*length_ok)(uint32_t, std::string*)) {
+  Message first;
+  std::string reason;
+  if (!decode(payload, &first, &reason)) {
+    if (reason.empty()) fail(what + " refused without a reason");
+    return;
+  }
+  chorus::Bytes frame = encode(first);
+  Message again;
+  if (!decode(payload_of(frame, length_ok), &again, &reason)) fail("re-encoded " + what + " refused");
+  if (!same(first, again)) fail(what + " does not survive encode/decode");
 }
 
 }  // namespace
@@ -44,45 +67,23 @@ std::span<const uint8_t> payload_of(const chorus::Bytes& frame) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> payload(data + 1, size - 1);
-  std::string reason;
   if (size >= 1 + wire::kLengthPrefixBytes) {
     // The length check must accept or refuse without trouble for any prefix.
+    std::string reason;
     (void)wire::check_frame_length(wire::read_length_prefix(data + 1), &reason);
   }
-  if (data[0] % 3 == 2) {
-    wire::AuthMessage message;
-    if (!wire::decode_auth(payload, &message, &reason)) {
-      if (reason.empty()) fail("authentication message refused without a reason");
-      return 0;
-    }
-    chorus::Bytes frame = wire::encode_auth(message);
-    if (!wire::check_auth_frame_length(wire::read_length_prefix(frame.data()), &reason)) {
-      fail("re-encoded authentication message refused by its length");
-    }
-    std::span<const uint8_t> again_payload = std::span<const uint8_t>(frame).subspan(wire::kLengthPrefixBytes);
-    wire::AuthMessage again;
-    if (!wire::decode_auth(again_payload, &again, &reason)) fail("re-encoded authentication message refused");
-    if (wire::encode_auth(again) != frame) fail("authentication message does not survive encode/decode");
-  } else if (data[0] % 3 == 1) {
-    wire::Request request;
-    if (!wire::decode_request(payload, &request, &reason)) {
-      if (reason.empty()) fail("request refused without a reason");
-      return 0;
-    }
-    chorus::Bytes frame = wire::encode_request(request);
-    wire::Request again;
-    if (!wire::decode_request(payload_of(frame), &again, &reason)) fail("re-encoded request refused");
-    if (!same(request, again)) fail("request does not survive encode/decode");
-  } else {
-    wire::Reply reply;
-    if (!wire::decode_reply(payload, &reply, &reason)) {
-      if (reason.empty()) fail("reply refused without a reason");
-      return 0;
-    }
-    chorus::Bytes frame = wire::encode_reply(reply);
-    wire::Reply again;
-    if (!wire::decode_reply(payload_of(frame), &again, &reason)) fail("re-encoded reply refused");
-    if (!same(reply, again)) fail("reply does not survive encode/decode");
+  switch (data[0] % 3) {
+    case 2:
+      round_trip<wire::AuthMessage>("authentication message", payload, wire::decode_auth,
+                                    wire::encode_auth, wire::check_auth_frame_length);
+      break;
+    case 1:
+      round_trip<wire::Request>("request", payload, wire::decode_request, wire::encode_request,
+                                wire::check_frame_length);
+      break;
+    default:
+      round_trip<wire::Reply>("reply", payload, wire::decode_reply, wire::encode_reply,
+                              wire::check_frame_length);
   }
   return 0;
 }

@@ -28,16 +28,29 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-std::unique_ptr<Subprocess> job(int ranks, const std::vector<std::string>& args,
-                                const std::vector<std::string>& launcher_args = {}) {
+// chorusrun with `launcher_args`, in an environment without a job's rendezvous variables.
+chorus::test::SpawnOptions launcher_options(std::vector<std::string> launcher_args) {
   chorus::test::SpawnOptions o;
-  o.args = {"--standalone", "--nproc-per-node", std::to_string(ranks), "--tee", "3"};
+  o.args = std::move(launcher_args);
+  o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
+  o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_STORE_HOSTED"};
+  return o;
+}
+
+// A standalone chorusrun of `ranks` chorus-mnist workers with `args`.
+chorus::test::SpawnOptions job_options(int ranks, const std::vector<std::string>& args,
+                                       const std::vector<std::string>& launcher_args = {}) {
+  chorus::test::SpawnOptions o =
+      launcher_options({"--standalone", "--nproc-per-node", std::to_string(ranks), "--tee", "3"});
   o.args.insert(o.args.end(), launcher_args.begin(), launcher_args.end());
   o.args.push_back(kMnist);
   o.args.insert(o.args.end(), args.begin(), args.end());
-  o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
-  o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_STORE_HOSTED"};
-  return std::make_unique<Subprocess>(kRun, o);
+  return o;
+}
+
+std::unique_ptr<Subprocess> job(int ranks, const std::vector<std::string>& args,
+                                const std::vector<std::string>& launcher_args = {}) {
+  return std::make_unique<Subprocess>(kRun, job_options(ranks, args, launcher_args));
 }
 
 // "rank R params HASH" lines by rank.
@@ -85,11 +98,8 @@ std::string make_tiny_dataset(int train, int test) {
 // rank with OPENBLAS_CORETYPE set to `coretype`, or unset when it is empty.
 std::string blas_kernels_of_a_run(const std::string& data, const std::string& coretype,
                                   std::string* output) {
-  chorus::test::SpawnOptions o;
-  o.args = {"--standalone", "--nproc-per-node", "1", "--tee", "3", kMnist, "--data-dir", data,
-            "--dataset", "mnist", "--epochs", "1", "--max-steps", "1", "--batch-size", "64"};
-  o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
-  o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_STORE_HOSTED"};
+  chorus::test::SpawnOptions o = job_options(
+      1, {"--data-dir", data, "--dataset", "mnist", "--epochs", "1", "--max-steps", "1", "--batch-size", "64"});
   if (coretype.empty()) o.unset_env.push_back("OPENBLAS_CORETYPE");
   else o.env["OPENBLAS_CORETYPE"] = coretype;
   Subprocess run(kRun, o);
@@ -296,13 +306,11 @@ TEST(ChorusMnist, TwoSimulatedNodesOfTwoWorkers) {
   uint16_t port = chorus::test::pick_free_port();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int node = 0; node < 2; ++node) {
-    chorus::test::SpawnOptions o;
-    o.args = {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
-              "--master-addr", "127.0.0.2", "--master-port", std::to_string(port),
-              "--local-addr", node == 0 ? "127.0.0.2" : "127.0.0.3", "--tee", "3", kMnist,
-              "--data-dir", data, "--dataset", "mnist", "--epochs", "1", "--batch-size", "128"};
-    o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
-    o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_STORE_HOSTED"};
+    chorus::test::SpawnOptions o = launcher_options(
+        {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.2", "--master-port", std::to_string(port), "--local-addr",
+         node == 0 ? "127.0.0.2" : "127.0.0.3", "--tee", "3", kMnist, "--data-dir", data,
+         "--dataset", "mnist", "--epochs", "1", "--batch-size", "128"});
     nodes.push_back(std::make_unique<Subprocess>(kRun, o));
   }
   std::string all;
