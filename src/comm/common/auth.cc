@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "chorus/error.h"
+#include "comm/common/little_endian.h"
 
 namespace chorus::auth {
 namespace {
@@ -24,13 +25,9 @@ std::string openssl_error() {
   return text;
 }
 
-void put_u32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
 // A length-prefixed field, so that no two (context, role) pairs encode alike.
 void put_field(std::vector<uint8_t>& out, std::string_view s) {
-  put_u32(out, static_cast<uint32_t>(s.size()));
+  wire_bytes::put_le(out, s.size(), 4);
   out.insert(out.end(), s.begin(), s.end());
 }
 

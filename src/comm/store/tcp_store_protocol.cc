@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "chorus/error.h"
+#include "comm/common/little_endian.h"
 #include "comm/common/socket.h"
 
 namespace chorus::store_wire {
@@ -39,9 +40,7 @@ class Writer {
   }
 
  private:
-  void little_endian(uint64_t v, int width) {
-    for (int i = 0; i < width; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
-  }
+  void little_endian(uint64_t v, int width) { wire_bytes::put_le(out_, v, width); }
   Bytes out_;
 };
 
@@ -129,8 +128,7 @@ class Reader {
   }
   bool little_endian(size_t width, const char* field, uint64_t* v) {
     if (!need(width, field)) return false;
-    *v = 0;
-    for (size_t i = 0; i < width; ++i) *v |= uint64_t{data_[pos_ + i]} << (8 * i);
+    *v = wire_bytes::get_le(data_.data() + pos_, width);
     pos_ += width;
     return true;
   }
@@ -310,9 +308,7 @@ Bytes encode_reply(const Reply& reply) {
 size_t payload_size(const Bytes& frame) { return frame.size() - kLengthPrefixBytes; }
 
 uint32_t read_length_prefix(const uint8_t* prefix) {
-  uint32_t length = 0;
-  for (size_t i = 0; i < kLengthPrefixBytes; ++i) length |= uint32_t{prefix[i]} << (8 * i);
-  return length;
+  return static_cast<uint32_t>(wire_bytes::get_le(prefix, kLengthPrefixBytes));
 }
 
 bool check_frame_length(uint32_t length, std::string* reason) {

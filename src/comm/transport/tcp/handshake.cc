@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "chorus/error.h"
+#include "comm/common/little_endian.h"
 #include "comm/common/socket.h"
 
 namespace chorus::transport::tcp {
@@ -22,23 +23,13 @@ const char* kind_name(MessageKind kind) {
   return "unknown";
 }
 
-void put_u16(std::vector<uint8_t>& out, uint16_t v) {
-  out.push_back(static_cast<uint8_t>(v));
-  out.push_back(static_cast<uint8_t>(v >> 8));
-}
+using wire_bytes::get_le;
+using wire_bytes::put_le;
 
-void put_u32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-uint32_t get_u32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-}
-
-uint16_t get_u16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | p[1] << 8);
-}
+void put_u16(std::vector<uint8_t>& out, uint16_t v) { put_le(out, v, 2); }
+void put_u32(std::vector<uint8_t>& out, uint32_t v) { put_le(out, v, 4); }
+uint16_t get_u16(const uint8_t* p) { return static_cast<uint16_t>(get_le(p, 2)); }
+uint32_t get_u32(const uint8_t* p) { return static_cast<uint32_t>(get_le(p, 4)); }
 
 void put_string(std::vector<uint8_t>& out, const std::string& s) {
   put_u32(out, static_cast<uint32_t>(s.size()));
