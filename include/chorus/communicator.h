@@ -96,6 +96,13 @@ struct CommOptions {
   // stderr). apps/chorus-trace merges the ranks' files.
   size_t trace_buffer_size = 256;
   std::string trace_dir;
+  // Pipelining unit of the ring and chain algorithms over tcp, bytes
+  // (CHORUS_SEGMENT_BYTES, default 2 MiB). Every rank must use the same value (ranks
+  // that differ fail with a mismatched-message error). Large enough that per-message
+  // costs vanish; over tcp on one machine the kernel's copies are the transfer, so
+  // smaller segments only add stalls there; across machines they let the reduction of
+  // one segment overlap the wire time of the next.
+  size_t segment_bytes = size_t{2} << 20;
   // Shared secret of the job (CHORUS_JOB_TOKEN): every data connection proves it holds
   // it by challenge and response (it is never sent); ranks whose tokens differ refuse
   // each other with a PeerError naming CHORUS_JOB_TOKEN. The store has its own (see

@@ -166,10 +166,15 @@ class Buffer {
   size_t bytes_;
 };
 
-CommOptions sweep_options(Algorithm algorithm) {
+// Over tcp, groups of 2 and of odd sizes cut ring chunks into 64 KiB segments instead
+// of the default 2 MiB, so that the large counts run deep pipelines: many segments per
+// chunk, receive slots waiting for the sends that forward them, chunks larger than the
+// socket buffers. The other sizes keep the default.
+CommOptions sweep_options(Algorithm algorithm, int size) {
   CommOptions options = test::test_options();
   options.algorithm = algorithm;
   options.timeout = std::chrono::seconds(60);
+  if (size == 2 || size % 2 == 1) options.segment_bytes = 64 * 1024;
   return options;
 }
 
@@ -183,7 +188,7 @@ void run_sweep(int size, const std::vector<Case>& cases, const CaseFn& fn,
   const bool verbose = std::getenv("CHORUS_SWEEP_VERBOSE") != nullptr;
   for (const Case& k : cases) {
     auto& group = groups[k.algorithm];
-    if (!group) group = std::make_unique<test::RankGroup>(size, sweep_options(k.algorithm));
+    if (!group) group = std::make_unique<test::RankGroup>(size, sweep_options(k.algorithm, size));
     std::vector<RankResult> results(size);
     bool failed = false;
     const auto start = std::chrono::steady_clock::now();
@@ -540,7 +545,7 @@ TEST_P(CollectivesTest, Barrier) {
   const int size = GetParam();
   constexpr int kRounds = 20;
   for (Algorithm algorithm : kAlgorithms) {
-    test::RankGroup group(size, sweep_options(algorithm));
+    test::RankGroup group(size, sweep_options(algorithm, size));
     std::vector<std::atomic<int>> arrived(kRounds);
     group.run([&](Communicator& c) {
       for (int round = 0; round < kRounds; ++round) {

@@ -304,8 +304,12 @@ TEST(Handshake, EveryFieldIsChecked) {
   refused([](Hello& h) { h.comm_id = "other"; }, "communicator id");
   refused([](Hello& h) { h.size = 5; }, "world size");
   refused([](Hello& h) { h.to_rank = 2; }, "target rank");
-  refused([](Hello& h) { h.from_rank = 0; }, "peer rank");
+  refused([](Hello& h) { h.from_rank = 1; }, "peer rank");  // itself
   refused([](Hello& h) { h.from_rank = 4; }, "peer rank");
+  refused([](Hello& h) { h.from_rank = -1; }, "peer rank");
+  Hello lower = ok;  // lower ranks connect too: each connection carries one direction
+  lower.from_rank = 0;
+  EXPECT_FALSE(check_hello(lower, e).has_value());
 }
 
 }  // namespace

@@ -431,6 +431,7 @@ class RecordingTransport : public transport::Transport {
   void wait(const transport::Request& r) override {
     log.push_back("wait " + std::to_string(r.peer) + " " + std::to_string(r.index));
   }
+  bool test(const transport::Request&) const override { return false; }
   void wait_all() override { log.push_back("wait_all"); }
   void interrupt(const std::string& reason) override { log.push_back("interrupt " + reason); }
   void abort(const std::string&) override { log.push_back("abort"); }

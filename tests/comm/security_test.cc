@@ -722,11 +722,12 @@ TEST(SecurityHandshake, ServerRefusesGarbageOldProtocolAndOversizedHeaders) {
   // A version-1 hello: magic, version 1, byte order, ranks, size, comm id, token in clear.
   Bytes v1 = {0x53, 0x52, 0x48, 0x43, 1, 0, 0, 0, 4, 3, 2, 1, 1, 0, 0, 0, 0, 0, 0, 0,
               2, 0, 0, 0, 5, 0, 0, 0, 'w', 'o', 'r', 'l', 'd', 1, 0, 0, 0, 't'};
-  Bytes oversized = {0x53, 0x52, 0x48, 0x43, 2, 0, 1, 0, 0xff, 0xff, 0xff, 0x7f};
+  Bytes oversized = {0x53, 0x52, 0x48, 0x43, static_cast<uint8_t>(tcp::kProtocolVersion), 0, 1, 0,
+                     0xff, 0xff, 0xff, 0x7f};
   std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
   std::vector<Case> cases = {
       {Bytes(http.begin(), http.end()), "not a chorus peer (bad magic number)"},
-      {v1, "protocol version differs (peer 1, here 2)"},
+      {v1, "protocol version differs (peer 1, here " + std::to_string(tcp::kProtocolVersion) + ")"},
       {oversized, "handshake message of 2147483647 bytes exceeds the limit of 2048"},
   };
   for (const Case& c : cases) {

@@ -44,7 +44,7 @@ class ScopedEnv {
 const char* kVars[] = {"CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CHORUS_CONNECT_TIMEOUT",
                        "HCCL_CONNECT_TIMEOUT", "CHORUS_ALGO", "CHORUS_IF_IP", "HCCL_IF_IP",
                        "CHORUS_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "MASTER_PORT", "RANK",
-                       "WORLD_SIZE", "CHORUS_JOB_TOKEN"};
+                       "WORLD_SIZE", "CHORUS_JOB_TOKEN", "CHORUS_SEGMENT_BYTES"};
 
 class SettingsTest : public ::testing::Test {
  protected:
@@ -112,6 +112,24 @@ TEST_F(SettingsTest, BadValuesNameTheVariable) {
   EXPECT_NE(error_of([] { CommOptions::from_env(); }).find("CHORUS_ALGO"), std::string::npos);
   env_.set("CHORUS_ALGO", nullptr).set("HCCL_EXEC_TIMEOUT", "soon");
   EXPECT_NE(error_of([] { settings::op_timeout(); }).find("HCCL_EXEC_TIMEOUT"), std::string::npos);
+}
+
+TEST_F(SettingsTest, SegmentBytesTakeSuffixesAndABoundedRange) {
+  EXPECT_EQ(settings::segment_bytes(), int64_t{2} << 20);
+  EXPECT_EQ(CommOptions::from_env().segment_bytes, size_t{2} << 20);
+  env_.set("CHORUS_SEGMENT_BYTES", "65536");
+  EXPECT_EQ(settings::segment_bytes(), 65536);
+  env_.set("CHORUS_SEGMENT_BYTES", "64K");
+  EXPECT_EQ(CommOptions::from_env().segment_bytes, size_t{65536});
+  env_.set("CHORUS_SEGMENT_BYTES", "3m");
+  EXPECT_EQ(settings::segment_bytes(), int64_t{3} << 20);
+  env_.set("CHORUS_SEGMENT_BYTES", "1G");
+  EXPECT_EQ(settings::segment_bytes(), int64_t{1} << 30);
+  for (const char* bad : {"4095", "2G", "K", "12KB", "-1M", "1.5M", "99999999999999999999"}) {
+    env_.set("CHORUS_SEGMENT_BYTES", bad);
+    std::string msg = error_of([] { settings::segment_bytes(); });
+    EXPECT_NE(msg.find("CHORUS_SEGMENT_BYTES"), std::string::npos) << bad << ": " << msg;
+  }
 }
 
 TEST_F(SettingsTest, RankAndWorldSizeComeTogether) {

@@ -11,17 +11,20 @@ namespace chorus::algorithms {
 void allreduce_halving_doubling(const Context& ctx, const void* in, void* out, size_t count) {
   const size_t bytes = count * ctx.elem, elem = ctx.elem;
   auto* buf = static_cast<uint8_t*>(out);
-  if (in != out && bytes > 0) std::memcpy(buf, in, bytes);
+  // This rank's current values: the input until the first reduction writes to `out`
+  // (out of place, no copy of the whole input is made first).
+  const auto* src = static_cast<const uint8_t*>(in);
   const int r = ctx.rank;
   transport::Transport& t = ctx.transport;
   Fold fold(ctx.size, r);
   const int p = fold.pow2;
   uint8_t* tmp = ctx.scratch.get(bytes, 0);
   if (fold.folded(r)) {
-    if (fold.vrank < 0) t.wait(t.isend(r + 1, buf, bytes));
+    if (fold.vrank < 0) t.wait(t.isend(r + 1, src, bytes));
     else {
       t.wait(t.irecv(r - 1, tmp, bytes));
-      ctx.reduce(buf, tmp, buf, count);
+      ctx.reduce(buf, tmp, src, count);
+      src = buf;
     }
   }
   auto offset = [&](int block) { return block_begin(count, p, block) * elem; };
@@ -34,15 +37,18 @@ void allreduce_halving_doubling(const Context& ctx, const void* in, void* out, s
       int keep_lo = keep_low ? lo : mid, keep_hi = keep_low ? mid : hi;
       int give_lo = keep_low ? mid : lo, give_hi = keep_low ? hi : mid;
       size_t keep_bytes = offset(keep_hi) - offset(keep_lo);
-      t.isend(peer, buf + offset(give_lo), offset(give_hi) - offset(give_lo));
+      t.isend(peer, src + offset(give_lo), offset(give_hi) - offset(give_lo));
       t.irecv(peer, tmp, keep_bytes);
       t.wait_all();
       uint8_t* mine = buf + offset(keep_lo);
-      if (peer < r) ctx.reduce(mine, tmp, mine, keep_bytes / elem);
-      else ctx.reduce(mine, mine, tmp, keep_bytes / elem);
+      const uint8_t* mine_src = src + offset(keep_lo);
+      if (peer < r) ctx.reduce(mine, tmp, mine_src, keep_bytes / elem);
+      else ctx.reduce(mine, mine_src, tmp, keep_bytes / elem);
+      src = buf;
       lo = keep_lo;
       hi = keep_hi;
     }
+    if (src != buf && bytes > 0) std::memcpy(buf, src, bytes);  // one rank: nothing reduced
     finish_average(ctx, buf + offset(lo), (offset(hi) - offset(lo)) / elem);
     for (int mask = 1; mask < p; mask <<= 1) {
       int peer = fold.real(fold.vrank ^ mask);

@@ -1,6 +1,8 @@
 #include "comm/algorithms/ring_pipeline.h"
 
 #include <algorithm>
+#include <deque>
+#include <utility>
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
@@ -17,6 +19,40 @@ namespace {
 // segments of a chunk means a rank only waits for a send that its neighbour read
 // before reaching the item this rank is on, so some rank can always go on.
 size_t slot_count(size_t segments_per_chunk) { return segments_per_chunk + 1; }
+
+// Hands out receive slots: the most recently freed first, while it is still in cache
+// (with 2 ranks, whose reduced segments are never forwarded from a slot, always the
+// same one). When every slot is busy it waits for the oldest forwarding send, which is
+// never more recent than the one a round-robin choice would wait for, so the
+// argument above holds.
+class SlotPool {
+ public:
+  SlotPool(transport::Transport& t, size_t count) : t_(t) {
+    for (size_t k = count; k-- > 0;) free_.push_back(k);  // slot 0 on top
+  }
+  size_t take() {
+    while (!busy_.empty() && t_.test(busy_.front().first)) release_oldest();
+    if (free_.empty()) {
+      t_.wait(busy_.front().first);
+      release_oldest();
+    }
+    size_t s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+  void give_back(size_t slot) { free_.push_back(slot); }
+  // `slot` is free again once `send` (posted after every earlier one) completes.
+  void busy_until(size_t slot, const transport::Request& send) { busy_.emplace_back(send, slot); }
+
+ private:
+  void release_oldest() {
+    free_.push_back(busy_.front().second);
+    busy_.pop_front();
+  }
+  transport::Transport& t_;
+  std::vector<size_t> free_;
+  std::deque<std::pair<transport::Request, size_t>> busy_;  // in the order posted
+};
 
 struct Segmenting {
   size_t count = 1;  // segments per chunk
@@ -64,9 +100,7 @@ void run_ring(const Context& ctx, const RingPlan& plan) {
 
   const size_t n_slots = slot_count(seg.count);
   uint8_t* slots = rs > 0 ? ctx.scratch.get(n_slots * seg.bytes, 0) : nullptr;
-  std::vector<transport::Request> slot_send(rs > 0 ? n_slots : 0);
-  std::vector<char> slot_busy(slot_send.size(), 0);
-  size_t item = 0;
+  SlotPool pool(t, rs > 0 ? n_slots : 0);
   for (int step = 0; step < total_steps; ++step) {
     const int c = recv_chunk(step);
     const bool last = step + 1 == total_steps;
@@ -78,23 +112,17 @@ void run_ring(const Context& ctx, const RingPlan& plan) {
         if (!last) t.isend(right, dst, len);
         continue;
       }
-      const size_t s = item++ % n_slots;
-      if (slot_busy[s]) {
-        t.wait(slot_send[s]);
-        slot_busy[s] = 0;
-      }
+      const size_t s = pool.take();
       uint8_t* slot = slots + s * seg.bytes;
       t.wait(t.irecv(left, slot, len));
       const bool own = step == rs - 1;  // this chunk is now fully reduced: it is ours
       uint8_t* dst = own ? plan.own_dst + off : slot;
       ctx.reduce(dst, plan.in + plan.in_off[c] + off, slot, len / ctx.elem);
       if (own) finish_average(ctx, dst, len / ctx.elem);
+      if (own) pool.give_back(s);  // reduced into place: nothing is sent from the slot
       if (last) continue;
       transport::Request req = t.isend(right, dst, len);
-      if (!own) {
-        slot_send[s] = req;
-        slot_busy[s] = 1;
-      }
+      if (!own) pool.busy_until(s, req);
     }
   }
   t.wait_all();

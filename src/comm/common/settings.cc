@@ -71,6 +71,32 @@ milliseconds parse_duration(const std::string& name, const std::string& value, m
   return milliseconds(static_cast<int64_t>(n * scale_ms + 0.5));
 }
 
+int64_t segment_bytes() {
+  constexpr const char* kName = "CHORUS_SEGMENT_BYTES";
+  constexpr int64_t kDefault = int64_t{2} << 20, kMin = int64_t{4} << 10, kMax = int64_t{1} << 30;
+  auto v = get_env(kName);
+  if (!v) return kDefault;
+  std::string digits = *v;
+  int shift = 0;
+  switch (digits.back()) {
+    case 'K': case 'k': shift = 10; break;
+    case 'M': case 'm': shift = 20; break;
+    case 'G': case 'g': shift = 30; break;
+    default: break;
+  }
+  if (shift > 0) digits.pop_back();
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      digits.size() > 10) {
+    throw ConfigError(std::string(kName) + "='" + *v +
+                      "' is not a size in bytes (a number, optionally with K, M or G)");
+  }
+  int64_t bytes = std::stoll(digits) << shift;
+  if (bytes < kMin || bytes > kMax) {
+    throw ConfigError(std::string(kName) + "=" + *v + " is out of range [4K, 1G]");
+  }
+  return bytes;
+}
+
 int64_t trace_buffer_size() {
   auto v = get_env("CHORUS_TRACE_BUFFER_SIZE");
   return v ? parse_int("CHORUS_TRACE_BUFFER_SIZE", *v, 0, 1000000) : 256;

@@ -56,6 +56,9 @@ std::string transport();
 // "tcp_alpha_us=20,tcp_gbps=10"; empty when unset.
 std::string cost_model();
 
+// CHORUS_SEGMENT_BYTES: pipelining unit of the ring and chain algorithms, bytes, with
+// an optional K, M or G suffix (powers of 1024); 4 KiB to 1 GiB, default 2 MiB.
+int64_t segment_bytes();
 // CHORUS_SHM_CMA: 1 (default) lets ranks of one node read each other's buffers with
 // process_vm_readv where the kernel allows it; 0 keeps every byte in the segment.
 bool shm_cma();

@@ -18,9 +18,6 @@ namespace chorus {
 namespace internal {
 namespace {
 
-// Pipelining unit of the ring and chain algorithms: large enough that per-message
-// costs vanish, small enough that a segment stays in cache while it is reduced.
-constexpr size_t kSegmentBytes = 512 * 1024;
 
 // How long the progress thread stays on short naps after its last operation, and how
 // long each nap is (see progress_loop()).
@@ -248,7 +245,7 @@ void CommunicatorImpl::run(Op& op) {
                           op.spec.reduces ? reduce_function(op.spec.dtype, op.spec.op) : nullptr,
                           op.spec.reduces && op.spec.op == ReduceOp::kAvg,
                           scratch_,
-                          kSegmentBytes,
+                          options_.segment_bytes,
                           topology_,
                           op.spec.op,
                           shm_.get()};
@@ -327,7 +324,7 @@ void CommunicatorImpl::check_consistency(const Op& op) {
   for (int r = 0; r < size_; ++r) displs[r] = r * sizeof(Fingerprint);
   // Over tcp even where shared memory is used: a mismatch must not reach the segment.
   algorithms::Context ctx{*transport_, rank_,         size_,     DataType::kUInt8, 1, nullptr,
-                          false,       scratch_,      kSegmentBytes, topology_};
+                          false,       scratch_,      options_.segment_bytes, topology_};
   algorithms::allgatherv_ring(ctx, &mine, all.data(), counts, displs);
   bool same = std::all_of(all.begin(), all.end(), [&](const Fingerprint& f) { return f == mine; });
   if (same) return;
@@ -433,6 +430,10 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
                                " is out of range [0, " + std::to_string(size) + ")");
   }
   if (options.comm_id.empty()) throw InvalidArgumentError("Communicator::create: empty comm_id");
+  if (options.segment_bytes < 64) {
+    throw InvalidArgumentError("Communicator::create: segment_bytes " +
+                               std::to_string(options.segment_bytes) + " is below 64");
+  }
   return std::make_shared<internal::CommunicatorImpl>(std::move(store), rank, size,
                                                       std::move(options));
 }

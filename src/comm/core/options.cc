@@ -33,6 +33,7 @@ CommOptions CommOptions::from_env() {
   o.check_consistency = settings::debug_detail();
   o.trace_buffer_size = static_cast<size_t>(settings::trace_buffer_size());
   o.trace_dir = settings::trace_dir();
+  o.segment_bytes = static_cast<size_t>(settings::segment_bytes());
   o.job_token = settings::job_token();
   o.listen_address = settings::if_ip();
   if (o.listen_address.empty()) {

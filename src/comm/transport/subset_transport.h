@@ -36,6 +36,7 @@ class SubsetTransport : public Transport {
   Request isend(int peer, const void* data, size_t len) override;
   Request irecv(int peer, void* data, size_t len) override;
   void wait(const Request& request) override { base_.wait(request); }
+  bool test(const Request& request) const override { return base_.test(request); }
   // Completes every request posted on the base, not only those of this view: the base
   // cannot tell them apart, and an algorithm that waits for all expects nothing to be
   // pending afterwards anyway.

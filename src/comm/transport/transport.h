@@ -88,6 +88,8 @@ class Transport {
 
   // Drives all streams until `request` is complete.
   virtual void wait(const Request& request) = 0;
+  // Whether `request` is complete, without driving any stream.
+  virtual bool test(const Request& request) const = 0;
   // Drives all streams until every posted request is complete.
   virtual void wait_all() = 0;
 

@@ -272,7 +272,7 @@ std::optional<std::string> check_hello(const Hello& h, const Expected& e) {
     return "target rank differs (peer wanted rank " + std::to_string(h.to_rank) +
            ", this is rank " + std::to_string(e.rank) + ")";
   }
-  if (h.from_rank <= e.rank || h.from_rank >= e.size) {
+  if (h.from_rank < 0 || h.from_rank >= e.size || h.from_rank == e.rank) {
     return "peer rank " + std::to_string(h.from_rank) + " is not a rank that connects to rank " +
            std::to_string(e.rank);
   }

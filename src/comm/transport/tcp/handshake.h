@@ -1,6 +1,7 @@
 // The first bytes on every TCP data connection: a mutual challenge-response on the job
-// token (comm/common/auth.h) bound to the communicator and the two ranks. The
-// connecting (higher) rank is the client, the accepting (lower) rank the server:
+// token (comm/common/auth.h) bound to the communicator and the two ranks. Each
+// connection carries frames one way, from the connecting rank (the client) to the
+// accepting rank (the server); every pair of ranks has two:
 //
 //   client -> server  HELLO      byte order check, from rank, to rank, world size,
 //                                communicator id, client nonce
@@ -32,7 +33,7 @@
 namespace chorus::transport::tcp {
 
 inline constexpr uint32_t kHelloMagic = 0x43485253;  // "CHRS"
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;  // 3: one connection per direction
 inline constexpr uint32_t kEndianCheck = 0x01020304;
 inline constexpr size_t kMaxHelloString = 1024;
 inline constexpr size_t kHeaderBytes = 12;

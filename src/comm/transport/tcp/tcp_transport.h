@@ -1,5 +1,5 @@
-// The TCP transport: a full mesh of non-blocking sockets, one per pair of ranks,
-// set up through addresses published in the store.
+// The TCP transport: a full mesh of non-blocking sockets, two per pair of ranks (one
+// per direction), set up through addresses published in the store.
 #pragma once
 
 #include <memory>
