@@ -44,7 +44,8 @@ class ScopedEnv {
 const char* kVars[] = {"CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CHORUS_CONNECT_TIMEOUT",
                        "HCCL_CONNECT_TIMEOUT", "CHORUS_ALGO", "CHORUS_IF_IP", "HCCL_IF_IP",
                        "CHORUS_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "MASTER_PORT", "RANK",
-                       "WORLD_SIZE", "CHORUS_JOB_TOKEN", "CHORUS_SEGMENT_BYTES"};
+                       "WORLD_SIZE", "CHORUS_JOB_TOKEN", "CHORUS_SEGMENT_BYTES",
+                       "CHORUS_SHM_CMA"};
 
 class SettingsTest : public ::testing::Test {
  protected:
@@ -130,6 +131,16 @@ TEST_F(SettingsTest, SegmentBytesTakeSuffixesAndABoundedRange) {
     std::string msg = error_of([] { settings::segment_bytes(); });
     EXPECT_NE(msg.find("CHORUS_SEGMENT_BYTES"), std::string::npos) << bad << ": " << msg;
   }
+}
+
+TEST_F(SettingsTest, CrossMemoryAttachIsOffOnForPairsOrOnForAll) {
+  EXPECT_EQ(settings::shm_cma(), 1);
+  env_.set("CHORUS_SHM_CMA", "0");
+  EXPECT_EQ(settings::shm_cma(), 0);
+  env_.set("CHORUS_SHM_CMA", "all");
+  EXPECT_EQ(settings::shm_cma(), 2);
+  env_.set("CHORUS_SHM_CMA", "2");
+  EXPECT_NE(error_of([] { settings::shm_cma(); }).find("CHORUS_SHM_CMA"), std::string::npos);
 }
 
 TEST_F(SettingsTest, RankAndWorldSizeComeTogether) {

@@ -173,18 +173,34 @@ TEST(Shm, LargeAllreduceWithStreamingStoresIsExact) {
 
 // The ranks agree on cross-memory attach: on when every rank can read every other's
 // memory, off everywhere when any rank is told not to try (CHORUS_SHM_CMA=0 on one).
+// Groups of more than two use it only when every rank allows any size (=all).
 TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
-  for (int refuser : {-1, 0, 2}) {
-    SCOPED_TRACE("rank not trying: " + std::to_string(refuser));
+  struct Case {
+    int size;
+    int refuser;        // the rank that does not try, or -1
+    int narrow;         // the rank that allows groups of two only, -1: none, 9: all
+    bool expected;
+  };
+  // Threads of one process can always read its memory, unless the kernel forbids the
+  // call altogether (seccomp): then nobody may use it.
+  const Case cases[] = {{3, -1, -1, true}, {3, 0, -1, false}, {3, 2, -1, false},
+                        {3, -1, 1, false}, {3, -1, 9, false}, {2, -1, 9, true},
+                        {2, 1, 9, false}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE("size " + std::to_string(k.size) + ", rank not trying: " +
+                 std::to_string(k.refuser) + ", narrow: " + std::to_string(k.narrow));
     InMemoryStore store;
-    std::vector<int> on(3, -1);
-    auto errors = test::run_threads(3, [&](int rank) {
+    std::vector<int> on(k.size, -1);
+    auto errors = test::run_threads(k.size, [&](int rank) {
       transport::shm::GroupConfig config;
       config.rank = rank;
-      config.members = {0, 1, 2};
-      config.hosts = {"h", "h", "h"};
+      for (int r = 0; r < k.size; ++r) {
+        config.members.push_back(r);
+        config.hosts.push_back("h");
+      }
       config.buffer_bytes = 64 * 1024;
-      config.try_cma = rank != refuser;
+      config.try_cma = rank != k.refuser;
+      config.cma_any_size = !(k.narrow == 9 || rank == k.narrow);
       std::string why_not;
       auto group = transport::shm::ShmGroup::connect(store, config, why_not);
       ASSERT_NE(group, nullptr) << why_not;
@@ -192,10 +208,7 @@ TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
       group->close();
     });
     test::rethrow_rank_failures(errors);
-    // Threads of one process can always read its memory, unless the kernel forbids the
-    // call altogether (seccomp): then nobody may use it.
-    const bool expected = refuser < 0;
-    for (int r = 0; r < 3; ++r) EXPECT_EQ(on[r], expected) << "rank " << r;
+    for (int r = 0; r < k.size; ++r) EXPECT_EQ(on[r], k.expected) << "rank " << r;
   }
 }
 
@@ -212,7 +225,7 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
   };
   std::map<std::string, std::vector<float>> results[2];
   for (int cma : {1, 0}) {
-    setenv("CHORUS_SHM_CMA", cma ? "1" : "0", 1);
+    setenv("CHORUS_SHM_CMA", cma ? "all" : "0", 1);  // 3 ranks: only `all` turns it on
     run_ranks(3, test::test_options(), [](int) { return ""; }, [&](Communicator& c) {
       for (size_t count : counts) {
         for (ReduceOp op : ops) {

@@ -115,10 +115,12 @@ bool debug_detail() {
 
 std::string cost_model() { return get_env("CHORUS_COST_MODEL").value_or(""); }
 
-bool shm_cma() {
+int shm_cma() {
   std::string v = get_env("CHORUS_SHM_CMA").value_or("1");
-  if (v != "0" && v != "1") throw ConfigError("CHORUS_SHM_CMA='" + v + "' is not 0 or 1");
-  return v == "1";
+  if (v != "0" && v != "1" && v != "all") {
+    throw ConfigError("CHORUS_SHM_CMA='" + v + "' is not 0, 1 or all");
+  }
+  return v == "all" ? 2 : v == "1" ? 1 : 0;
 }
 
 std::string node_id() { return get_env("CHORUS_NODE_ID").value_or(""); }

@@ -59,9 +59,10 @@ std::string cost_model();
 // CHORUS_SEGMENT_BYTES: pipelining unit of the ring and chain algorithms, bytes, with
 // an optional K, M or G suffix (powers of 1024); 4 KiB to 1 GiB, default 2 MiB.
 int64_t segment_bytes();
-// CHORUS_SHM_CMA: 1 (default) lets ranks of one node read each other's buffers with
-// process_vm_readv where the kernel allows it; 0 keeps every byte in the segment.
-bool shm_cma();
+// CHORUS_SHM_CMA: 1 (default) lets the ranks of a node of two read each other's
+// buffers with process_vm_readv where the kernel allows it; `all` also in larger
+// nodes; 0 keeps every byte in the segment. Returns 0, 1 or 2 (all).
+int shm_cma();
 // CHORUS_DEBUG: OFF (default) | INFO | DETAIL. DETAIL compares every collective's
 // fingerprint across ranks before it runs.
 bool debug_detail();

@@ -77,7 +77,9 @@ void CommunicatorImpl::connect_shared_memory(Store& scoped) {
   config.members = topology_.node_ranks[topology_.node];
   config.hosts = hosts_;
   config.node = topology_.node;
-  config.try_cma = settings::shm_cma();
+  const int cma = settings::shm_cma();
+  config.try_cma = cma > 0;
+  config.cma_any_size = cma == 2;
   std::string why_not;
   shm_ = transport::shm::ShmGroup::connect(scoped, config, why_not);
   if (shm_) return;

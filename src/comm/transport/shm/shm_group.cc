@@ -227,7 +227,7 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& con
 // whether all came back right; cross-memory attach is used only when all did, so that
 // every rank picks the same algorithms.
 void ShmGroup::probe_cma(Store& store, const std::string& base) {
-  bool ok = config_.try_cma;
+  bool ok = config_.try_cma && (config_.cma_any_size || local_size_ == 2);
   for (int i = 0; i < local_size_ && ok; ++i) {
     if (i == local_rank_) continue;
     const Control& c = control(i);
