@@ -11,11 +11,7 @@ class Deadline {
   using Clock = std::chrono::steady_clock;
 
   explicit Deadline(std::chrono::milliseconds from_now) : at_(Clock::now() + from_now) {}
-  static Deadline at(Clock::time_point t) {
-    Deadline d(std::chrono::milliseconds(0));
-    d.at_ = t;
-    return d;
-  }
+  static Deadline at(Clock::time_point t) { return Deadline(t); }
 
   bool expired() const { return Clock::now() >= at_; }
   Clock::time_point time_point() const { return at_; }
@@ -35,6 +31,7 @@ class Deadline {
   }
 
  private:
+  explicit Deadline(Clock::time_point t) : at_(t) {}  // no clock reading
   Clock::time_point at_;
 };
 

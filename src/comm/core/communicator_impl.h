@@ -114,6 +114,10 @@ class CommunicatorImpl final : public Communicator,
   Topology topology_;
   Shape shape_;       // for the cost model
   CostParams cost_;   // CHORUS_COST_MODEL
+  // algorithm_for()'s automatic allreduce choices, by size: (bytes << 8) | (algorithm +
+  // 1) in a slot chosen by hashing bytes, 0 when empty. Any thread may fill a slot.
+  static constexpr size_t kChoiceMemo = 16;  // the hash takes the top 4 bits
+  mutable std::atomic<uint64_t> allreduce_choice_[kChoiceMemo] = {};
   algorithms::Scratch scratch_;
 
   std::mutex mutex_;  // guards queue_, next_*, stopping_
@@ -125,6 +129,9 @@ class CommunicatorImpl final : public Communicator,
   // The runner role: only its holder touches transport_, scratch_ and
   // transport_aborted_. Held by the progress thread or by a thread inside Work::wait().
   std::atomic<bool> running_{false};
+  // Operations run in a row by threads that wait for them (help()), 0 after one run by
+  // the progress thread. Written by the runner, read by the progress thread.
+  std::atomic<uint32_t> helped_streak_{0};
 
   std::atomic<bool> abort_requested_{false};
   std::mutex abort_mutex_;  // guards abort_reason_

@@ -33,7 +33,8 @@ void Work::wait() const {
   state_->help();
   // The progress thread completes every operation within its deadline, so this wait
   // ends; the loop only guards against spurious returns.
-  while (!state_->wait_until(std::chrono::steady_clock::now() + std::chrono::hours(24))) {
+  while (!state_->completed() &&
+         !state_->wait_until(std::chrono::steady_clock::now() + std::chrono::hours(24))) {
   }
   if (auto e = state_->error()) std::rethrow_exception(e);
 }

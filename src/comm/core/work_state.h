@@ -24,15 +24,17 @@ class Executor {
 
 class WorkState {
  public:
-  WorkState(std::string description, std::weak_ptr<Executor> executor)
-      : description_(std::move(description)), executor_(std::move(executor)) {}
+  // `name` must outlive the state (a string literal). The description ("allreduce #12")
+  // is made only when asked for: most operations never need it.
+  WorkState(const char* name, uint64_t seq, std::weak_ptr<Executor> executor)
+      : name_(name), seq_(seq), executor_(std::move(executor)) {}
 
   // Called once, by the progress thread. Wakes every waiter.
   void complete(std::exception_ptr error);
 
   bool completed() const { return state_.load(std::memory_order_acquire) == kDone; }
   std::exception_ptr error() const { return completed() ? error_ : nullptr; }
-  const std::string& description() const { return description_; }
+  std::string description() const { return std::string(name_) + " #" + std::to_string(seq_); }
   // Waits until completion or `deadline`; false on timeout.
   bool wait_until(std::chrono::steady_clock::time_point deadline);
   // Offers the calling thread to run the operation (see Executor).
@@ -43,7 +45,8 @@ class WorkState {
   static constexpr uint32_t kPending = 0, kDone = 1, kSleeping = 2;
   std::atomic<uint32_t> state_{kPending};
   std::exception_ptr error_;
-  std::string description_;
+  const char* name_;
+  uint64_t seq_;
   std::weak_ptr<Executor> executor_;
 };
 
