@@ -72,6 +72,9 @@ struct Topology {
   bool uniform() const;
 };
 
+// CommOptions::segment_bytes when nothing sets it.
+inline constexpr size_t kDefaultSegmentBytes = size_t{2} << 20;
+
 struct CommOptions {
   // The defaults below are those of an empty environment; from_env() reads it.
   // Deadline of each operation (CHORUS_TIMEOUT, else HCCL_EXEC_TIMEOUT, else 30 min).
@@ -102,7 +105,7 @@ struct CommOptions {
   // costs vanish; over tcp on one machine the kernel's copies are the transfer, so
   // smaller segments only add stalls there; across machines they let the reduction of
   // one segment overlap the wire time of the next.
-  size_t segment_bytes = size_t{2} << 20;
+  size_t segment_bytes = kDefaultSegmentBytes;
   // Shared secret of the job (CHORUS_JOB_TOKEN): every data connection proves it holds
   // it by challenge and response (it is never sent); ranks whose tokens differ refuse
   // each other with a PeerError naming CHORUS_JOB_TOKEN. The store has its own (see

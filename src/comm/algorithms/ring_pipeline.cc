@@ -118,8 +118,10 @@ void run_ring(const Context& ctx, const RingPlan& plan) {
       const bool own = step == rs - 1;  // this chunk is now fully reduced: it is ours
       uint8_t* dst = own ? plan.own_dst + off : slot;
       ctx.reduce(dst, plan.in + plan.in_off[c] + off, slot, len / ctx.elem);
-      if (own) finish_average(ctx, dst, len / ctx.elem);
-      if (own) pool.give_back(s);  // reduced into place: nothing is sent from the slot
+      if (own) {
+        finish_average(ctx, dst, len / ctx.elem);
+        pool.give_back(s);  // reduced into place: nothing is sent from the slot
+      }
       if (last) continue;
       transport::Request req = t.isend(right, dst, len);
       if (!own) pool.busy_until(s, req);

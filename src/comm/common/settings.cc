@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "chorus/communicator.h"
 #include "chorus/error.h"
 
 namespace chorus::settings {
@@ -73,9 +74,9 @@ milliseconds parse_duration(const std::string& name, const std::string& value, m
 
 int64_t segment_bytes() {
   constexpr const char* kName = "CHORUS_SEGMENT_BYTES";
-  constexpr int64_t kDefault = int64_t{2} << 20, kMin = int64_t{4} << 10, kMax = int64_t{1} << 30;
+  constexpr int64_t kMin = int64_t{4} << 10, kMax = int64_t{1} << 30;
   auto v = get_env(kName);
-  if (!v) return kDefault;
+  if (!v) return static_cast<int64_t>(kDefaultSegmentBytes);
   std::string digits = *v;
   int shift = 0;
   switch (digits.back()) {
@@ -85,12 +86,12 @@ int64_t segment_bytes() {
     default: break;
   }
   if (shift > 0) digits.pop_back();
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
-      digits.size() > 10) {
+  if (digits.empty() || !std::isdigit(static_cast<unsigned char>(digits[0]))) {
     throw ConfigError(std::string(kName) + "='" + *v +
                       "' is not a size in bytes (a number, optionally with K, M or G)");
   }
-  int64_t bytes = std::stoll(digits) << shift;
+  // Bounded before the shift, so that it cannot overflow.
+  const int64_t bytes = parse_int(kName, digits, 0, kMax) << shift;
   if (bytes < kMin || bytes > kMax) {
     throw ConfigError(std::string(kName) + "=" + *v + " is out of range [4K, 1G]");
   }

@@ -26,7 +26,7 @@ constexpr auto kProgressTick = std::chrono::microseconds(200);
 // The naps while callers run their operations themselves (kHelpedStreak in a row, see
 // progress_loop()): the short ones would only take the core from them. 8-byte
 // allreduce over shared memory, 2 ranks: 1.2 -> 1.0 us with 5 ms naps.
-constexpr auto kHelpedTick = std::chrono::milliseconds(2);
+constexpr auto kHelpedTick = std::chrono::microseconds(2000);
 constexpr uint32_t kHelpedStreak = 16;
 
 // The host the store lives on, when it is a TCP store (possibly behind prefixes).
@@ -71,6 +71,7 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   shape_.shm = shm_ != nullptr;
   shape_.hierarchical = hierarchical_possible();
   if (shm_) shape_.shm_chunk = shm_->buffer_bytes();
+  shape_.segment_bytes = options_.segment_bytes;
   cost_ = parse_cost_params(settings::cost_model());
   thread_ = std::thread([this] { progress_loop(); });
 }
@@ -205,8 +206,7 @@ void CommunicatorImpl::progress_loop() {
     // for, as DDP's buckets during backward) brings the short naps back.
     if (Clock::now() - last_active < kProgressLinger) {
       const bool helped = helped_streak_.load(std::memory_order_relaxed) >= kHelpedStreak;
-      const auto tick = helped ? std::chrono::duration_cast<std::chrono::microseconds>(kHelpedTick)
-                               : kProgressTick;
+      const auto tick = helped ? kHelpedTick : kProgressTick;
       futex_wait_change(queue_signal_, seen, Clock::now() + tick, std::chrono::microseconds(0));
       continue;
     }

@@ -20,10 +20,6 @@ Link tcp(const CostParams& p) { return {p.tcp_alpha_us, 1e-3 / p.tcp_gbps}; }
 double reduce_us(const CostParams& p, double bytes) { return bytes * 1e-3 / p.reduce_gbps; }
 double shm_copy_us(const CostParams& p, double bytes) { return bytes * 1e-3 / p.shm_gbps; }
 
-// CommOptions::segment_bytes's default. 2 MiB ran a 2-rank allreduce of 2-4 MiB over
-// loopback 1.2-1.35x faster than 512 KiB (bench/, best of 3), larger sizes alike.
-constexpr double kRingSegmentBytes = 2 * 1024 * 1024;
-
 int floor_log2(int n) {
   int k = 0;
   while ((2 << k) <= n) ++k;
@@ -50,18 +46,18 @@ double hd_allreduce(int ranks, double n, const CostParams& p) {
          (folded ? 2 * l.time(n) + reduce_us(p, n) : 0);
 }
 
-double ring_allreduce(int ranks, double n, const CostParams& p) {
+double ring_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
   if (ranks < 2) return 0;
   Link l = tcp(p);
   double part = static_cast<double>(ranks - 1) / ranks * n;
   // Pipelined: a segment is reduced while the next one travels, so only about one
   // segment's reduction shows.
   return 2 * (ranks - 1) * l.alpha_us + 2 * part * l.us_per_byte +
-         reduce_us(p, std::min(part, kRingSegmentBytes));
+         reduce_us(p, std::min(part, static_cast<double>(s.segment_bytes)));
 }
 
-double best_tcp_allreduce(int ranks, double n, const CostParams& p) {
-  return std::min({rd_allreduce(ranks, n, p), hd_allreduce(ranks, n, p), ring_allreduce(ranks, n, p)});
+double best_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
+  return std::min({rd_allreduce(ranks, n, p), hd_allreduce(ranks, n, p), ring_allreduce(ranks, n, s, p)});
 }
 
 double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
@@ -82,16 +78,16 @@ double shm_allgather(double n, const Shape& s, const CostParams& p) {
 
 double hier_allreduce(double n, const Shape& s, const CostParams& p) {
   double intra = s.shm ? shm_reduce_scatter(n, s, p) + shm_allgather(n, s, p)
-                       : ring_allreduce(s.local_size, n, p);
-  return intra + best_tcp_allreduce(s.nodes, n / s.local_size, p);
+                       : ring_allreduce(s.local_size, n, s, p);
+  return intra + best_tcp_allreduce(s.nodes, n / s.local_size, s, p);
 }
 
 // ---- broadcast: binomial tree or pipelined chain over tcp
-double tcp_broadcast(int ranks, double n, const CostParams& p) {
+double tcp_broadcast(int ranks, double n, const Shape& s, const CostParams& p) {
   if (ranks < 2) return 0;
   Link l = tcp(p);
   double tree = std::ceil(std::log2(ranks)) * l.time(n);
-  double segments = std::max(1.0, std::ceil(n / kRingSegmentBytes));
+  double segments = std::max(1.0, std::ceil(n / static_cast<double>(s.segment_bytes)));
   double chain = (ranks - 1 + segments - 1) * l.time(n / segments);
   return std::min(tree, chain);
 }
@@ -146,7 +142,7 @@ double predicted_us(const char* collective, Algorithm a, size_t bytes, const Sha
     switch (a) {
       case Algorithm::kRecursiveDoubling: return rd_allreduce(s.size, n, p);
       case Algorithm::kHalvingDoubling: return hd_allreduce(s.size, n, p);
-      case Algorithm::kRing: return ring_allreduce(s.size, n, p);
+      case Algorithm::kRing: return ring_allreduce(s.size, n, s, p);
       case Algorithm::kShmDirect: return one_node_shm ? shm_allreduce(s.size, n, s, p) : never;
       case Algorithm::kHierarchical: return s.hierarchical ? hier_allreduce(n, s, p) : never;
       default: return never;
@@ -156,10 +152,10 @@ double predicted_us(const char* collective, Algorithm a, size_t bytes, const Sha
     switch (a) {
       case Algorithm::kShmDirect: return one_node_shm ? shm_broadcast(n, s, p) : never;
       case Algorithm::kHierarchical:
-        return s.hierarchical ? tcp_broadcast(s.nodes, n, p) +
-                                    (s.shm ? shm_broadcast(n, s, p) : tcp_broadcast(s.local_size, n, p))
+        return s.hierarchical ? tcp_broadcast(s.nodes, n, s, p) +
+                                    (s.shm ? shm_broadcast(n, s, p) : tcp_broadcast(s.local_size, n, s, p))
                               : never;
-      case Algorithm::kAuto: return tcp_broadcast(s.size, n, p);
+      case Algorithm::kAuto: return tcp_broadcast(s.size, n, s, p);
       default: return never;
     }
   }

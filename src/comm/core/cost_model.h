@@ -34,6 +34,7 @@ struct Shape {
   bool shm = false;      // the ranks of a node share a segment
   bool hierarchical = false;  // uniform, several nodes, several ranks per node
   size_t shm_chunk = 256 * 1024;  // bytes per shared-memory buffer
+  size_t segment_bytes = kDefaultSegmentBytes;  // pipelining unit of the tcp rings and chains
 };
 
 // Predicted microseconds of `collective` ("allreduce", "broadcast", "allgather") on
