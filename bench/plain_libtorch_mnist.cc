@@ -30,6 +30,7 @@ struct Args {
   int64_t max_steps = 0;
   int64_t warmup_steps = 0;
   int threads = 0;
+  std::string malloc_thresholds;  // what keep_freed_memory() did (not an option)
 };
 
 // chorus-mnist's model, from the same header.
@@ -138,7 +139,8 @@ int train(const Args& a) {
                       {"wall_time_s", std::chrono::duration<double>(Clock::now() - wall_start).count()},
                       {"test_accuracy", accuracy},
                       {"test_loss", test_loss},
-                      {"blas", chorus::mnist::openblas_core()}};
+                      {"blas", chorus::mnist::openblas_core()},
+                      {"malloc_thresholds", a.malloc_thresholds}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -149,6 +151,7 @@ int main(int argc, char** argv) {
   chorus::mnist::prefer_native_blas_kernels(argv);
   Args a;
   if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
+  a.malloc_thresholds = chorus::mnist::keep_freed_memory();  // as chorus-mnist does
   try {
     chorus::mnist::set_compute_threads(a.threads);
     return train(a);

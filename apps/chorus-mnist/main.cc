@@ -39,6 +39,7 @@ struct Args {
   int64_t max_steps = 0;  // 0: no limit (benchmarks and tests stop early with it)
   int64_t warmup_steps = 0;  // steps left out of samples_per_second (benchmarks)
   int threads = 0;        // 0: OMP_NUM_THREADS, else 1
+  std::string malloc_thresholds;  // what keep_freed_memory() did (not an option)
 };
 
 using chorus::mnist::Linear;
@@ -245,7 +246,8 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
                         {"wall_time_s", std::chrono::duration<double>(Clock::now() - wall_start).count()},
                         {"test_accuracy", last.accuracy},
                         {"test_loss", last.avg_loss},
-                        {"blas", chorus::mnist::openblas_core()}};
+                        {"blas", chorus::mnist::openblas_core()},
+                        {"malloc_thresholds", a.malloc_thresholds}};
     std::printf("%s\n", j.dump().c_str());
   }
   group->barrier().wait();
@@ -258,6 +260,7 @@ int main(int argc, char** argv) {
   chorus::mnist::prefer_native_blas_kernels(argv);
   Args a;
   if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
+  a.malloc_thresholds = chorus::mnist::keep_freed_memory();
   try {
     chorus::mnist::set_compute_threads(a.threads);
     auto group = ProcessGroup::from_env();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -69,6 +70,25 @@ inline void prefer_native_blas_kernels(char** argv) {
   execv("/proc/self/exe", argv);
   std::fprintf(stderr, "%s: running again failed (%s); going on with the generic kernels\n",
                argv[0], std::strerror(errno));
+}
+
+// glibc's malloc gives large freed blocks back to the kernel: a block above the mmap
+// threshold is unmapped when freed, and free memory at the top of a heap is trimmed
+// past the trim threshold; both thresholds move with the sizes freed. A training step
+// frees and allocates the same tensors again every step (a batch of 512 images is 1.6
+// MB), so their pages came back as page faults every step: 300 steps of this job took
+// 180,000 to 370,000 faults (more when the store was not hosted in the process, which
+// changes which thread's heap a tensor comes from), against 60,000 with both thresholds
+// fixed, and 1 rank trained 6-10% faster. Fixed, freed memory stays in the process for
+// the next step. Returns "fixed", or "user" when the user set either threshold
+// (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES), which is kept.
+inline std::string keep_freed_memory() {
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"}) {
+    if (std::getenv(name) != nullptr) return "user";
+  }
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest glibc accepts on 64-bit
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  return "fixed";
 }
 
 // NeuralNetwork of seed 000: Flatten, then Linear/ReLU/Linear/ReLU/Linear. Layers are

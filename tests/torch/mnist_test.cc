@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
 
@@ -94,25 +95,35 @@ std::string make_tiny_dataset(int train, int test) {
   return dir;
 }
 
-// The OpenBLAS kernels chorus-mnist computed with (its JSON line's "blas"), run on 1
-// rank with OPENBLAS_CORETYPE set to `coretype`, or unset when it is empty.
-std::string blas_kernels_of_a_run(const std::string& data, const std::string& coretype,
-                                  std::string* output) {
+// The string `key` of chorus-mnist's JSON line, run on 1 rank with `env` set (an empty
+// value: unset).
+std::string json_field_of_a_run(const std::string& data, const std::string& key,
+                                const std::map<std::string, std::string>& env,
+                                std::string* output) {
   chorus::test::SpawnOptions o = job_options(
       1, {"--data-dir", data, "--dataset", "mnist", "--epochs", "1", "--max-steps", "1", "--batch-size", "64"});
-  if (coretype.empty()) o.unset_env.push_back("OPENBLAS_CORETYPE");
-  else o.env["OPENBLAS_CORETYPE"] = coretype;
+  for (const auto& [name, value] : env) {
+    if (value.empty()) o.unset_env.push_back(name);
+    else o.env[name] = value;
+  }
   Subprocess run(kRun, o);
   EXPECT_TRUE(run.wait_for(300s)) << run.output_text();
   EXPECT_EQ(run.exit_code(), 0) << run.output_text();
   *output = run.output_text();
   std::smatch m;
   std::string out = run.stdout_text();
-  if (!std::regex_search(out, m, std::regex("\"blas\":\"([^\"]*)\""))) {
-    ADD_FAILURE() << "no blas in the JSON line: " << out;
+  if (!std::regex_search(out, m, std::regex("\"" + key + "\":\"([^\"]*)\""))) {
+    ADD_FAILURE() << "no " << key << " in the JSON line: " << out;
     return "?";
   }
   return m[1];
+}
+
+// The OpenBLAS kernels chorus-mnist computed with, with OPENBLAS_CORETYPE set to
+// `coretype` (unset when it is empty).
+std::string blas_kernels_of_a_run(const std::string& data, const std::string& coretype,
+                                  std::string* output) {
+  return json_field_of_a_run(data, "blas", {{"OPENBLAS_CORETYPE", coretype}}, output);
 }
 
 // Debian 12's OpenBLAS falls back to its generic Prescott kernels on CPUs it does not
@@ -131,6 +142,24 @@ TEST(ChorusMnist, ComputesWithNativeBlasKernelsUnlessTheUserChose) {
   std::string picked = blas_kernels_of_a_run(data, "", &output);
   EXPECT_NE(picked, "Prescott") << output;
   EXPECT_FALSE(picked.empty()) << output;
+}
+
+// chorus-mnist fixes glibc's mmap and trim thresholds, so that the memory a step frees
+// serves the next step instead of coming back as page faults; thresholds the user set
+// are kept.
+TEST(ChorusMnist, KeepsFreedMemoryUnlessTheUserSetMallocThresholds) {
+  std::string data = make_tiny_dataset(256, 64), output;
+  const std::map<std::string, std::string> none = {
+      {"MALLOC_MMAP_THRESHOLD_", ""}, {"MALLOC_TRIM_THRESHOLD_", ""}, {"GLIBC_TUNABLES", ""}};
+  EXPECT_EQ(json_field_of_a_run(data, "malloc_thresholds", none, &output), "fixed") << output;
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}) {
+    auto env = none;
+    env[name] = "1048576";
+    EXPECT_EQ(json_field_of_a_run(data, "malloc_thresholds", env, &output), "user") << name << output;
+  }
+  auto env = none;
+  env["GLIBC_TUNABLES"] = "glibc.malloc.trim_threshold=1048576";
+  EXPECT_EQ(json_field_of_a_run(data, "malloc_thresholds", env, &output), "user") << output;
 }
 
 TEST(ChorusMnist, FirstLossesAreTheSeedJobs) {
