@@ -77,9 +77,9 @@ inline void prefer_native_blas_kernels(char** argv) {
 // past the trim threshold; both thresholds move with the sizes freed. A training step
 // frees and allocates the same tensors again every step (a batch of 512 images is 1.6
 // MB), so their pages came back as page faults every step: 300 steps of this job took
-// 180,000 to 370,000 faults (more when the store was not hosted in the process, which
-// changes which thread's heap a tensor comes from), against 60,000 with both thresholds
-// fixed, and 1 rank trained 6-10% faster. Fixed, freed memory stays in the process for
+// 180,000 to 370,000 faults (the most under chorusrun; why the launcher doubles them
+// was not pinned down), against 60,000 with both thresholds fixed, and 1 rank trained
+// 6-10% faster. Fixed, freed memory stays in the process for
 // the next step. Returns "fixed", or "user" when the user set either threshold
 // (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES), which is kept.
 inline std::string keep_freed_memory() {
