@@ -152,14 +152,15 @@ TEST(ChorusMnist, KeepsFreedMemoryUnlessTheUserSetMallocThresholds) {
   const std::map<std::string, std::string> none = {
       {"MALLOC_MMAP_THRESHOLD_", ""}, {"MALLOC_TRIM_THRESHOLD_", ""}, {"GLIBC_TUNABLES", ""}};
   EXPECT_EQ(json_field_of_a_run(data, "malloc_thresholds", none, &output), "fixed") << output;
-  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}) {
+  const std::map<std::string, std::string> users = {
+      {"MALLOC_MMAP_THRESHOLD_", "1048576"},
+      {"MALLOC_TRIM_THRESHOLD_", "1048576"},
+      {"GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576"}};
+  for (const auto& [name, value] : users) {
     auto env = none;
-    env[name] = "1048576";
+    env[name] = value;
     EXPECT_EQ(json_field_of_a_run(data, "malloc_thresholds", env, &output), "user") << name << output;
   }
-  auto env = none;
-  env["GLIBC_TUNABLES"] = "glibc.malloc.trim_threshold=1048576";
-  EXPECT_EQ(json_field_of_a_run(data, "malloc_thresholds", env, &output), "user") << output;
 }
 
 TEST(ChorusMnist, FirstLossesAreTheSeedJobs) {
