@@ -212,12 +212,15 @@ TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
   }
 }
 
-// Allreduce through cross-memory attach and through the segment: every size where the
-// former is used (and its edges), in place and not, every reducing op: the same bytes,
-// since both add the ranks in rank order, and the closed form where it is exact.
+// Allreduce and reduce-scatter through cross-memory attach and through the segment:
+// every size where the former is used (and its edges), in place and not, every reducing
+// op: the same bytes, since both add the ranks in rank order, and the closed form where
+// it is exact.
 TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
-  const std::vector<size_t> counts = {(256 << 10) / 4 - 1, (256 << 10) / 4, 70001, (1 << 20) + 3,
-                                      (32 << 20) / 4 - 1};
+  // 8191 and 8193: reduce-scatters of count / 3 per rank whose inputs (32760 and 32772
+  // bytes) lie on either side of 32 KiB.
+  const std::vector<size_t> counts = {8191, 8193, (256 << 10) / 4 - 1, (256 << 10) / 4, 70001,
+                                      (1 << 20) + 3, (32 << 20) / 4 - 1};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
   // Rank r's element i: in [1, 2], different on every rank.
   auto value = [](size_t i, int r) {
@@ -247,9 +250,18 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
             }
             std::string key = std::to_string(count) + "/" + std::to_string(static_cast<int>(op)) +
                               "/" + std::to_string(in_place) + "/" + std::to_string(c.rank());
+            // Reduce-scatter of the same input, count / 3 elements per rank (in place:
+            // this rank's block of the input is the output).
+            const size_t block = count / 3;
+            for (size_t i = 0; i < count; ++i) in[i] = value(i, c.rank());
+            std::vector<float> rs(in_place ? 0 : block, -7.0f);
+            float* rs_out = in_place ? in.data() + c.rank() * block : rs.data();
+            c.reduce_scatter(in.data(), rs_out, block, DataType::kFloat32, op).wait();
+            std::vector<float> rs_result(rs_out, rs_out + block);
             static std::mutex m;
             std::lock_guard<std::mutex> lock(m);
             results[cma][key] = std::move(out);
+            results[cma]["rs/" + key] = std::move(rs_result);
           }
         }
       }
@@ -261,10 +273,67 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
     const std::vector<float>& via_cma = results[1].at(key);
     ASSERT_EQ(via_cma.size(), seg.size()) << key;
     EXPECT_EQ(std::memcmp(via_cma.data(), seg.data(), seg.size() * sizeof(float)), 0) << key;
+    if (key.rfind("rs/", 0) == 0) continue;  // each rank holds a different block
     std::string rank0 = key.substr(0, key.rfind('/')) + "/0";
     EXPECT_EQ(std::memcmp(via_cma.data(), results[1].at(rank0).data(), seg.size() * sizeof(float)), 0)
         << key << " differs from rank 0";
   }
+}
+
+// Broadcast and allgather through cross-memory attach (3 ranks, CHORUS_SHM_CMA=all)
+// and through the segment: sizes at and around where the former takes over, every
+// root, in place and not. Both only move bytes, so each is checked against the data
+// itself; out of place, the root's send buffer and every rank's input must be intact.
+TEST(Shm, CrossMemoryAttachBroadcastsAndAllgathersExactly) {
+  // Element i of rank r's data.
+  auto value = [](size_t i, int r) { return static_cast<int32_t>(i * 2654435761u + 7919u * r); };
+  // The allgathers get count / 3 elements per rank: 8191 and 8193 put their results
+  // (32760 and 32772 bytes) on either side of 32 KiB.
+  const std::vector<size_t> counts = {1,      (32 << 10) / 4 - 1, (32 << 10) / 4 + 1,
+                                      (64 << 10) / 4 - 1, (64 << 10) / 4, 70001, (1 << 20) + 3};
+  for (const char* cma : {"all", "0"}) {
+    SCOPED_TRACE(std::string("CHORUS_SHM_CMA=") + cma);
+    setenv("CHORUS_SHM_CMA", cma, 1);
+    run_ranks(3, test::test_options(), [](int) { return ""; }, [&](Communicator& c) {
+      const int me = c.rank(), p = c.size();
+      for (size_t count : counts) {
+        for (bool in_place : {false, true}) {
+          for (int root = 0; root < p; ++root) {
+            std::vector<int32_t> send(count, -1), recv(in_place ? 0 : count, -5);
+            if (me == root) {
+              for (size_t i = 0; i < count; ++i) send[i] = value(i, root);
+            }
+            int32_t* out = in_place ? send.data() : recv.data();
+            c.broadcast(send.data(), out, count, DataType::kInt32, root).wait();
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(out[i], value(i, root)) << "broadcast of " << count << " from " << root
+                                                << ", element " << i << " on rank " << me;
+            }
+            if (me == root && !in_place) {
+              for (size_t i = 0; i < count; ++i) ASSERT_EQ(send[i], value(i, root)) << "root's send";
+            }
+          }
+          // Allgather: `count` elements in all, split as evenly as the collective allows.
+          const size_t block = std::max<size_t>(1, count / p);
+          std::vector<int32_t> all(block * p, -5), own(in_place ? 0 : block);
+          int32_t* mine = in_place ? all.data() + me * block : own.data();
+          for (size_t i = 0; i < block; ++i) mine[i] = value(i, me);
+          c.allgather(mine, all.data(), block, DataType::kInt32).wait();
+          for (int r = 0; r < p; ++r) {
+            for (size_t i = 0; i < block; ++i) {
+              ASSERT_EQ(all[r * block + i], value(i, r))
+                  << "allgather of " << block << " per rank, block " << r << ", element " << i
+                  << " on rank " << me;
+            }
+          }
+          if (!in_place) {
+            for (size_t i = 0; i < block; ++i) ASSERT_EQ(own[i], value(i, me)) << "send buffer";
+          }
+        }
+      }
+    });
+  }
+  unsetenv("CHORUS_SHM_CMA");
 }
 
 }  // namespace

@@ -55,8 +55,9 @@ void shm_allreduce(const Context& ctx, transport::shm::ShmGroup& g, const void* 
                    size_t count, bool avg);
 void shm_reduce(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
                 size_t count, int root);
-void shm_broadcast(const Context& ctx, transport::shm::ShmGroup& g, void* buf, size_t count,
-                   int root);
+// `send` is the root's data (the other ranks ignore it); it may be `buf`.
+void shm_broadcast(const Context& ctx, transport::shm::ShmGroup& g, const void* send, void* buf,
+                   size_t count, int root);
 void shm_allgather_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
                           void* out, size_t total);
 void shm_reduce_scatter_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,

@@ -139,7 +139,7 @@ void intra_allgather(const Context& ctx, const void* in, void* out, size_t total
 
 // Broadcast among the node's ranks from local rank `root_local`.
 void intra_broadcast(const Context& ctx, void* buf, size_t count, int root_local) {
-  if (ctx.shm != nullptr) return shm_broadcast(ctx, *ctx.shm, buf, count, root_local);
+  if (ctx.shm != nullptr) return shm_broadcast(ctx, *ctx.shm, buf, buf, count, root_local);
   SubsetTransport node(ctx.transport, node_members(ctx));
   flat_broadcast(sub_context(ctx, node), buf, count, root_local);
 }

@@ -85,9 +85,13 @@ Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, Dat
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for("broadcast", bytes);
   return enqueue(shaped(spec("broadcast", dtype), count, root), [=](const Context& ctx) {
+    // Shared memory reads the root's `send` itself and copies it to `recv` while the
+    // other ranks take their copies.
+    if (algo == Algorithm::kShmDirect) {
+      return alg::shm_broadcast(ctx, *ctx.shm, send, recv, count, root);
+    }
     if (ctx.rank == root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
-    if (algo == Algorithm::kShmDirect) alg::shm_broadcast(ctx, *ctx.shm, recv, count, root);
-    else if (algo == Algorithm::kHierarchical) alg::broadcast_hierarchical(ctx, recv, count, root);
+    if (algo == Algorithm::kHierarchical) alg::broadcast_hierarchical(ctx, recv, count, root);
     else if (algo == Algorithm::kRing) alg::broadcast_chain(ctx, recv, count, root);
     else alg::broadcast_binomial(ctx, recv, count, root);
   });
