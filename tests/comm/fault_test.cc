@@ -161,8 +161,12 @@ std::pair<long, std::string> failed_op(const std::string& err) {
 struct Config {
   std::string transport;  // "tcp" or "shm" (CHORUS_TRANSPORT)
   int nodes;              // 1, or 2 simulated nodes (CHORUS_NODE_ID) of 2 ranks each
+  // CHORUS_SHM_CMA: "all" makes the 4 ranks of one node read each other's buffers in
+  // every collective that can (by default only nodes of two do).
+  std::string shm_cma = "1";
   std::string label() const {
-    return transport + ", " + std::to_string(nodes) + (nodes == 1 ? " node" : " nodes");
+    return transport + ", " + std::to_string(nodes) + (nodes == 1 ? " node" : " nodes") +
+           (shm_cma == "1" ? "" : ", CHORUS_SHM_CMA=" + shm_cma);
   }
 };
 
@@ -196,6 +200,7 @@ class Workers {
                {"WORLD_SIZE", std::to_string(kWorld)},
                {"CHORUS_IF_IP", "127.0.0.1"},
                {"CHORUS_TRANSPORT", cfg.transport},
+               {"CHORUS_SHM_CMA", cfg.shm_cma},
                {"CHORUS_NODE_ID", node_prefix + (node_b ? "B" : "A")},
                {"CHORUS_CONNECT_TIMEOUT", "60"},
                {"CHORUS_TRACE_DIR", trace_dir},
@@ -448,10 +453,16 @@ TEST(FaultKill, TcpOneNode) { run_scenarios(Fault::kKill, {"tcp", 1}, scenario_c
 TEST(FaultKill, TcpTwoNodes) { run_scenarios(Fault::kKill, {"tcp", 2}, scenario_count(kKillScenarios)); }
 TEST(FaultKill, ShmOneNode) { run_scenarios(Fault::kKill, {"shm", 1}, scenario_count(kKillScenarios)); }
 TEST(FaultKill, ShmTwoNodes) { run_scenarios(Fault::kKill, {"shm", 2}, scenario_count(kKillScenarios)); }
+TEST(FaultKill, ShmOneNodeCrossMemoryAttach) {
+  run_scenarios(Fault::kKill, {"shm", 1, "all"}, scenario_count(kKillScenarios));
+}
 TEST(FaultStop, TcpOneNode) { run_scenarios(Fault::kStop, {"tcp", 1}, scenario_count(kStopScenarios)); }
 TEST(FaultStop, TcpTwoNodes) { run_scenarios(Fault::kStop, {"tcp", 2}, scenario_count(kStopScenarios)); }
 TEST(FaultStop, ShmOneNode) { run_scenarios(Fault::kStop, {"shm", 1}, scenario_count(kStopScenarios)); }
 TEST(FaultStop, ShmTwoNodes) { run_scenarios(Fault::kStop, {"shm", 2}, scenario_count(kStopScenarios)); }
+TEST(FaultStop, ShmOneNodeCrossMemoryAttach) {
+  run_scenarios(Fault::kStop, {"shm", 1, "all"}, scenario_count(kStopScenarios));
+}
 
 // ---------------------------------------------------------------------------------
 // A cut network: two network namespaces made here, joined by a veth pair with

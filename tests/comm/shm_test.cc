@@ -336,5 +336,78 @@ TEST(Shm, CrossMemoryAttachBroadcastsAndAllgathersExactly) {
   unsetenv("CHORUS_SHM_CMA");
 }
 
+// Gather, scatter and alltoall read each other's buffers where cross-memory attach is
+// on (here for 3 ranks through CHORUS_SHM_CMA=all; with 2 the collective sweep covers
+// them) and run their tcp algorithms where it is off: both give every block exactly,
+// at every root, in place and not, leaving inputs intact.
+TEST(Shm, GatherScatterAlltoallThroughCrossMemoryAttach) {
+  // Element i of the block that rank `from` sends to rank `to`.
+  auto value = [](size_t i, int from, int to) {
+    return static_cast<int32_t>(i * 2654435761u + 7919u * from + 104729u * to);
+  };
+  for (const char* cma : {"all", "0"}) {
+    SCOPED_TRACE(std::string("CHORUS_SHM_CMA=") + cma);
+    setenv("CHORUS_SHM_CMA", cma, 1);
+    run_ranks(3, test::test_options(), [](int) { return ""; }, [&](Communicator& c) {
+      const int me = c.rank(), p = c.size();
+      EXPECT_EQ(std::string(algorithm_name(c.algorithm_for("alltoall", 4096))),
+                std::string(cma) == "all" ? "shm" : "auto");
+      for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{70001}}) {
+        for (bool in_place : {false, true}) {
+          for (int root = 0; root < p; ++root) {
+            // gather: rank r's block (value(i, r, root)) lands at block r of the root's recv.
+            std::vector<int32_t> all(n * p, -5), own(in_place && me == root ? 0 : n);
+            int32_t* send = in_place && me == root ? all.data() + me * n : own.data();
+            for (size_t i = 0; i < n; ++i) send[i] = value(i, me, root);
+            c.gather(send, all.data(), n, DataType::kInt32, root).wait();
+            if (me == root) {
+              for (int r = 0; r < p; ++r) {
+                for (size_t i = 0; i < n; ++i) {
+                  ASSERT_EQ(all[r * n + i], value(i, r, root))
+                      << "gather of " << n << " to " << root << ", block " << r << ", element " << i;
+                }
+              }
+            }
+            if (!(in_place && me == root)) {
+              for (size_t i = 0; i < n; ++i) ASSERT_EQ(send[i], value(i, me, root)) << "gather input";
+            }
+            // scatter: block r of the root's send goes to rank r.
+            std::vector<int32_t> blocks(me == root ? n * p : 0), recv(in_place && me == root ? 0 : n, -5);
+            for (int r = 0; me == root && r < p; ++r) {
+              for (size_t i = 0; i < n; ++i) blocks[r * n + i] = value(i, root, r);
+            }
+            int32_t* out = in_place && me == root ? blocks.data() + me * n : recv.data();
+            c.scatter(blocks.data(), out, n, DataType::kInt32, root).wait();
+            for (size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(out[i], value(i, root, me))
+                  << "scatter of " << n << " from " << root << ", element " << i << " on rank " << me;
+            }
+            for (int r = 0; me == root && r < p; ++r) {
+              for (size_t i = 0; i < n; ++i) ASSERT_EQ(blocks[r * n + i], value(i, root, r)) << "scatter input";
+            }
+          }
+          // alltoall: block r of rank me's send goes to block me of rank r's recv.
+          std::vector<int32_t> sendbuf(n * p), recvbuf(in_place ? 0 : n * p, -5);
+          for (int r = 0; r < p; ++r) {
+            for (size_t i = 0; i < n; ++i) sendbuf[r * n + i] = value(i, me, r);
+          }
+          int32_t* out = in_place ? sendbuf.data() : recvbuf.data();
+          c.alltoall(sendbuf.data(), out, n, DataType::kInt32).wait();
+          for (int r = 0; r < p; ++r) {
+            for (size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(out[r * n + i], value(i, r, me))
+                  << "alltoall of " << n << ", block from " << r << ", element " << i << " on rank " << me;
+            }
+          }
+          for (int r = 0; !in_place && r < p; ++r) {
+            for (size_t i = 0; i < n; ++i) ASSERT_EQ(sendbuf[r * n + i], value(i, me, r)) << "alltoall input";
+          }
+        }
+      }
+    });
+  }
+  unsetenv("CHORUS_SHM_CMA");
+}
+
 }  // namespace
 }  // namespace chorus

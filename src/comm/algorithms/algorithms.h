@@ -62,6 +62,13 @@ void shm_allgather_blocks(const Context& ctx, transport::shm::ShmGroup& g, const
                           void* out, size_t total);
 void shm_reduce_scatter_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
                                void* out, size_t total, bool avg);
+// These three need g.cma() (the ranks read each other's buffers).
+void shm_gather(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+                size_t count, int root);
+void shm_scatter(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+                 size_t count, int root);
+void shm_alltoall(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+                  size_t count);
 void shm_barrier(const Context& ctx, transport::shm::ShmGroup& g);
 
 // ---- hierarchical (nodes of ctx.topology; hierarchical.cc): the contracts of the flat

@@ -395,6 +395,72 @@ void shm_reduce_scatter_blocks(const Context& ctx, ShmGroup& g, const void* in, 
   }
 }
 
+// Gather, scatter and alltoall need cross-memory attach (g.cma()): each rank reads the
+// blocks it receives straight from their owners' buffers, one copy each, and the last
+// phase keeps every rank from returning while others may still read its buffers.
+void shm_gather(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
+                int root) {
+  const size_t bytes = count * ctx.elem;
+  const int me = g.local_rank(), p = g.local_size();
+  g.expect(describe(ctx, "gather", count, root));
+  g.publish_buffers(in, out);
+  g.arrive();
+  g.wait_all();
+  if (me == root && bytes > 0) {
+    auto* o = static_cast<uint8_t*>(out);
+    for (int r = 0; r < p; ++r) {
+      if (r != me) g.read_peer(r, g.peer_in(r), o + r * bytes, bytes);
+    }
+    if (o + me * bytes != in) std::memmove(o + me * bytes, in, bytes);  // in place: there
+  }
+  g.arrive();
+  g.wait_all();
+}
+
+void shm_scatter(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
+                 int root) {
+  const size_t bytes = count * ctx.elem;
+  const int me = g.local_rank();
+  g.expect(describe(ctx, "scatter", count, root));
+  g.publish_buffers(in, out);
+  g.arrive();
+  g.wait_all();
+  if (bytes > 0) {
+    if (me != root) {
+      g.read_peer(root, g.peer_in(root) + me * bytes, out, bytes);
+    } else if (static_cast<const uint8_t*>(in) + me * bytes != out) {
+      std::memmove(out, static_cast<const uint8_t*>(in) + me * bytes, bytes);
+    }
+  }
+  g.arrive();
+  g.wait_all();
+}
+
+void shm_alltoall(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count) {
+  const size_t bytes = count * ctx.elem;
+  const int me = g.local_rank(), p = g.local_size();
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  g.expect(describe(ctx, "alltoall", count));
+  // In place, this rank overwrites the blocks its peers are reading: they read a copy.
+  if (in == out && bytes > 0) {
+    uint8_t* copy = ctx.scratch.get(bytes * p, 1);
+    std::memcpy(copy, src, bytes * p);
+    src = copy;
+  }
+  g.publish_buffers(src, out);
+  g.arrive();
+  g.wait_all();
+  if (bytes > 0) {
+    for (int r = 0; r < p; ++r) {
+      if (r != me) g.read_peer(r, g.peer_in(r) + me * bytes, dst + r * bytes, bytes);
+    }
+    if (src != dst) std::memmove(dst + me * bytes, src + me * bytes, bytes);
+  }
+  g.arrive();
+  g.wait_all();
+}
+
 void shm_barrier(const Context& ctx, ShmGroup& g) {
   g.expect(describe(ctx, "barrier", 0));
   g.arrive();

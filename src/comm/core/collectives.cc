@@ -182,7 +182,9 @@ Work CommunicatorImpl::gather(const void* send, void* recv, size_t count, DataTy
   v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
   v.buffer(send, count, "send");
   if (rank_ == root) v.buffer(recv, count, "recv");
+  Algorithm algo = algorithm_for("gather", count * dtype_size(dtype));
   return enqueue(shaped(spec("gather", dtype), count, root), [=](const Context& ctx) {
+    if (algo == Algorithm::kShmDirect) return alg::shm_gather(ctx, *ctx.shm, send, recv, count, root);
     alg::gather_direct(ctx, send, recv, count, root);
   });
 }
@@ -196,7 +198,9 @@ Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataT
   v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
   if (rank_ == root) v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
+  Algorithm algo = algorithm_for("scatter", count * dtype_size(dtype));
   return enqueue(shaped(spec("scatter", dtype), count, root), [=](const Context& ctx) {
+    if (algo == Algorithm::kShmDirect) return alg::shm_scatter(ctx, *ctx.shm, send, recv, count, root);
     alg::scatter_direct(ctx, send, recv, count, root);
   });
 }
@@ -208,7 +212,9 @@ Work CommunicatorImpl::alltoall(const void* send, void* recv, size_t count, Data
   size_t total_bytes = v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
+  Algorithm algo = algorithm_for("alltoall", total_bytes);
   return enqueue(shaped(spec("alltoall", dtype), count), [=, this](const Context& ctx) {
+    if (algo == Algorithm::kShmDirect) return alg::shm_alltoall(ctx, *ctx.shm, send, recv, count);
     std::vector<size_t> counts(size_, count), displs(size_);
     for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
     const void* src = send;

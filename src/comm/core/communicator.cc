@@ -418,7 +418,14 @@ Algorithm CommunicatorImpl::algorithm_for(const char* collective, size_t bytes) 
     return c == "barrier" ? Algorithm::kAuto : Algorithm::kRing;
   }
   if (c == "allgatherv") return Algorithm::kRing;
-  return Algorithm::kAuto;  // direct / pairwise / dissemination: no choice to make
+  if (c == "gather" || c == "scatter" || c == "alltoall") {
+    // Through shared memory only where the ranks read each other's buffers (their
+    // direct algorithms over tcp otherwise); at every size, so that ranks that disagree
+    // on the count still take the same path and fail comparing descriptors.
+    if ((forced == Algorithm::kShmDirect || shm) && shm_->cma()) return Algorithm::kShmDirect;
+    return Algorithm::kAuto;
+  }
+  return Algorithm::kAuto;  // pairwise / dissemination: no choice to make
 }
 
 std::shared_ptr<Communicator> CommunicatorImpl::split(int color, int key) {
