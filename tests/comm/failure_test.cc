@@ -72,6 +72,30 @@ TEST(Failure, MismatchedCountsAreAnErrorOnBothRanks) {
   }
 }
 
+// Gather, scatter and alltoall take the same path through shared memory whatever the
+// count, so that a mismatch is found by comparing descriptors, naming both counts.
+TEST(Failure, MismatchedCountsOfGatherScatterAlltoallAreNamed) {
+  CommOptions o = test::test_options();
+  for (const std::string op : {"gather", "scatter", "alltoall"}) {
+    auto msgs = run_and_collect(2, o, [&](Communicator& c) {
+      std::vector<float> a(22, 1.0f), b(22, 1.0f);
+      size_t count = c.rank() == 0 ? 10 : 11;
+      if (op == "gather") c.gather(a.data(), b.data(), count, DataType::kFloat32, 0).wait();
+      if (op == "scatter") c.scatter(a.data(), b.data(), count, DataType::kFloat32, 0).wait();
+      if (op == "alltoall") c.alltoall(a.data(), b.data(), count, DataType::kFloat32).wait();
+    });
+    if (over_shm(o)) {
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(contains(msgs[r], op + " #0")) << msgs[r];
+        EXPECT_TRUE(contains(msgs[r], "(count 10,")) << msgs[r];
+        EXPECT_TRUE(contains(msgs[r], "(count 11,")) << msgs[r];
+      }
+    } else {  // over tcp, a rank whose sends all went out may finish first
+      EXPECT_TRUE(contains(msgs[0] + msgs[1], "mismatched message")) << op;
+    }
+  }
+}
+
 TEST(Failure, DifferentCollectivesAreAnError) {
   CommOptions o = test::test_options();
   auto msgs = run_and_collect(3, o, [](Communicator& c) {
