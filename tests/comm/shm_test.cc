@@ -212,15 +212,17 @@ TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
   }
 }
 
-// Allreduce and reduce-scatter through cross-memory attach and through the segment:
+// Allreduce, reduce-scatter and reduce through cross-memory attach and through the segment:
 // every size where the former is used (and its edges), in place and not, every reducing
 // op: the same bytes, since both add the ranks in rank order, and the closed form where
 // it is exact.
 TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
   // 8191 and 8193: reduce-scatters of count / 3 per rank whose inputs (32760 and 32772
-  // bytes) lie on either side of 32 KiB.
-  const std::vector<size_t> counts = {8191, 8193, (256 << 10) / 4 - 1, (256 << 10) / 4, 70001,
-                                      (1 << 20) + 3, (32 << 20) / 4 - 1};
+  // bytes) lie on either side of 32 KiB. 2047, 2048, 524287 and 524288: reduces on
+  // either side of 8 KiB and of 2 MiB.
+  const std::vector<size_t> counts = {2047,   2048,   8191,   8193, (256 << 10) / 4 - 1,
+                                      (256 << 10) / 4,  70001,  524287, 524288,
+                                      (1 << 20) + 3,    (32 << 20) / 4 - 1};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
   // Rank r's element i: in [1, 2], different on every rank.
   auto value = [](size_t i, int r) {
@@ -258,10 +260,19 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
             float* rs_out = in_place ? in.data() + c.rank() * block : rs.data();
             c.reduce_scatter(in.data(), rs_out, block, DataType::kFloat32, op).wait();
             std::vector<float> rs_result(rs_out, rs_out + block);
+            // Reduce of the same input to a root that changes with the count.
+            const int root = static_cast<int>(count % 3);
+            for (size_t i = 0; i < count; ++i) in[i] = value(i, c.rank());
+            std::vector<float> red(in_place ? 0 : count, -7.0f);
+            float* red_out = in_place ? in.data() : red.data();
+            c.reduce(in.data(), red_out, count, DataType::kFloat32, op, root).wait();
+            std::vector<float> red_result;
+            if (c.rank() == root) red_result.assign(red_out, red_out + count);
             static std::mutex m;
             std::lock_guard<std::mutex> lock(m);
             results[cma][key] = std::move(out);
             results[cma]["rs/" + key] = std::move(rs_result);
+            results[cma]["red/" + key] = std::move(red_result);
           }
         }
       }
@@ -273,7 +284,8 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
     const std::vector<float>& via_cma = results[1].at(key);
     ASSERT_EQ(via_cma.size(), seg.size()) << key;
     EXPECT_EQ(std::memcmp(via_cma.data(), seg.data(), seg.size() * sizeof(float)), 0) << key;
-    if (key.rfind("rs/", 0) == 0) continue;  // each rank holds a different block
+    // Each rank holds a different block; only the root holds a reduce's result.
+    if (key.rfind("rs/", 0) == 0 || key.rfind("red/", 0) == 0) continue;
     std::string rank0 = key.substr(0, key.rfind('/')) + "/0";
     EXPECT_EQ(std::memcmp(via_cma.data(), results[1].at(rank0).data(), seg.size() * sizeof(float)), 0)
         << key << " differs from rank 0";
