@@ -96,6 +96,28 @@ TEST(Failure, MismatchedCountsOfGatherScatterAlltoallAreNamed) {
   }
 }
 
+// allgatherv whose ranks disagree on the counts, with the same total: over shared
+// memory the ranks compare a fingerprint of the counts before anyone reads a peer's
+// buffer (which could read past the end of a shorter one).
+TEST(Failure, AllgathervCountsThatDisagreeAreAnError) {
+  CommOptions o = test::test_options();
+  auto msgs = run_and_collect(2, o, [&](Communicator& c) {
+    // Rank 0 thinks the blocks are 3 and 5 elements, rank 1 that they are 4 and 4.
+    std::vector<size_t> counts = c.rank() == 0 ? std::vector<size_t>{3, 5} : std::vector<size_t>{4, 4};
+    std::vector<size_t> displs = {0, counts[0]};
+    std::vector<float> send(counts[c.rank()], 1.0f), recv(8, 0.0f);
+    c.allgatherv(send.data(), send.size(), recv.data(), counts, displs, DataType::kFloat32).wait();
+  });
+  if (over_shm(o)) {
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(contains(msgs[r], "allgatherv #0")) << msgs[r];
+      EXPECT_TRUE(contains(msgs[r], "counts fingerprint")) << msgs[r];
+    }
+  } else {
+    EXPECT_TRUE(contains(msgs[0] + msgs[1], "mismatched message")) << msgs[0] << msgs[1];
+  }
+}
+
 TEST(Failure, DifferentCollectivesAreAnError) {
   CommOptions o = test::test_options();
   auto msgs = run_and_collect(3, o, [](Communicator& c) {

@@ -348,11 +348,11 @@ TEST(Shm, CrossMemoryAttachBroadcastsAndAllgathersExactly) {
   unsetenv("CHORUS_SHM_CMA");
 }
 
-// Gather, scatter and alltoall read each other's buffers where cross-memory attach is
+// Gather, scatter, alltoall and allgatherv read each other's buffers where cross-memory attach is
 // on (here for 3 ranks through CHORUS_SHM_CMA=all; with 2 the collective sweep covers
 // them) and run their tcp algorithms where it is off: both give every block exactly,
 // at every root, in place and not, leaving inputs intact.
-TEST(Shm, GatherScatterAlltoallThroughCrossMemoryAttach) {
+TEST(Shm, GatherScatterAlltoallAllgathervThroughCrossMemoryAttach) {
   // Element i of the block that rank `from` sends to rank `to`.
   auto value = [](size_t i, int from, int to) {
     return static_cast<int32_t>(i * 2654435761u + 7919u * from + 104729u * to);
@@ -413,6 +413,26 @@ TEST(Shm, GatherScatterAlltoallThroughCrossMemoryAttach) {
           }
           for (int r = 0; !in_place && r < p; ++r) {
             for (size_t i = 0; i < n; ++i) ASSERT_EQ(sendbuf[r * n + i], value(i, me, r)) << "alltoall input";
+          }
+          // allgatherv: rank r sends n * r + r % 2 elements (rank 0 none when n = 0),
+          // placed in reverse rank order with a gap of 3 after each block.
+          std::vector<size_t> vcounts(p), vdispls(p);
+          size_t at = 0;
+          for (int r = p - 1; r >= 0; --r) {
+            vcounts[r] = n * r + r % 2;
+            vdispls[r] = at;
+            at += vcounts[r] + 3;
+          }
+          std::vector<int32_t> vall(at, -5), vown(in_place ? 0 : vcounts[me]);
+          int32_t* vsend = in_place ? vall.data() + vdispls[me] : vown.data();
+          for (size_t i = 0; i < vcounts[me]; ++i) vsend[i] = value(i, me, -1);
+          c.allgatherv(vsend, vcounts[me], vall.data(), vcounts, vdispls, DataType::kInt32).wait();
+          for (int r = 0; r < p; ++r) {
+            for (size_t i = 0; i < vcounts[r]; ++i) {
+              ASSERT_EQ(vall[vdispls[r] + i], value(i, r, -1))
+                  << "allgatherv with n " << n << ", block of " << r << ", element " << i << " on rank " << me;
+            }
+            for (size_t i = 0; i < 3; ++i) ASSERT_EQ(vall[vdispls[r] + vcounts[r] + i], -5) << "gap after " << r;
           }
         }
       }

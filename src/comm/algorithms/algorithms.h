@@ -62,7 +62,9 @@ void shm_allgather_blocks(const Context& ctx, transport::shm::ShmGroup& g, const
                           void* out, size_t total);
 void shm_reduce_scatter_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
                                void* out, size_t total, bool avg);
-// These three need g.cma() (the ranks read each other's buffers).
+// These four need g.cma() (the ranks read each other's buffers).
+void shm_allgatherv(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+                    const std::vector<size_t>& counts, const std::vector<size_t>& displs);
 void shm_gather(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
                 size_t count, int root);
 void shm_scatter(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,

@@ -17,10 +17,11 @@
 // allgathers and reduce-scatters do the same from smaller sizes up: the other ranks read
 // the root's data, or each peer's block, straight into their outputs, or reduce their
 // block as the allreduce reduces its slice; so do reduces of up to a few MiB, on the
-// root. Gather, scatter and alltoall run here only that way.
+// root. Gather, scatter, alltoall and allgatherv run here only that way.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -417,9 +418,10 @@ void shm_reduce_scatter_blocks(const Context& ctx, ShmGroup& g, const void* in, 
   }
 }
 
-// Gather, scatter and alltoall need cross-memory attach (g.cma()): each rank reads the
-// blocks it receives straight from their owners' buffers, one copy each, and the last
-// phase keeps every rank from returning while others may still read its buffers.
+// Gather, scatter, alltoall and allgatherv need cross-memory attach (g.cma()): each
+// rank reads the blocks it receives straight from their owners' buffers, one copy each,
+// and the last phase keeps every rank from returning while others may still read its
+// buffers.
 void shm_gather(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
                 int root) {
   const size_t bytes = count * ctx.elem;
@@ -479,6 +481,36 @@ void shm_alltoall(const Context& ctx, ShmGroup& g, const void* in, void* out, si
     }
     if (src != dst) std::memmove(dst + me * bytes, src + me * bytes, bytes);
   }
+  g.arrive();
+  g.wait_all();
+}
+
+void shm_allgatherv(const Context& ctx, ShmGroup& g, const void* in, void* out,
+                    const std::vector<size_t>& counts, const std::vector<size_t>& displs) {
+  const size_t e = ctx.elem;
+  const int me = g.local_rank(), p = g.local_size();
+  auto* dst = static_cast<uint8_t*>(out);
+  // The ranks compare the sum of the counts and a fingerprint of all of them (FNV-1a):
+  // a rank that expects more from a peer than the peer sends must not read past it.
+  uint64_t total = 0, layout = 1469598103934665603ull;
+  for (int r = 0; r < p; ++r) {
+    total += counts[r];
+    for (int k = 0; k < 8; ++k) {
+      layout = (layout ^ ((counts[r] >> (8 * k)) & 0xff)) * 1099511628211ull;
+    }
+  }
+  if (total == 0) return;
+  OpDesc d = describe(ctx, "allgatherv", total);
+  d.layout = layout;
+  g.expect(d);
+  g.publish_buffers(in, out);
+  g.arrive();
+  g.wait_all();
+  for (int r = 0; r < p; ++r) {
+    if (r != me && counts[r] > 0) g.read_peer(r, g.peer_in(r), dst + displs[r] * e, counts[r] * e);
+  }
+  uint8_t* own = dst + displs[me] * e;
+  if (own != in && counts[me] > 0) std::memmove(own, in, counts[me] * e);  // in place: there
   g.arrive();
   g.wait_all();
 }

@@ -149,7 +149,11 @@ Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* rec
   std::vector<size_t> counts(recv_counts.begin(), recv_counts.end());
   std::vector<size_t> offsets =
       displs.empty() ? packed_displs(recv_counts) : std::vector<size_t>(displs.begin(), displs.end());
+  Algorithm algo = algorithm_for("allgatherv", 0);  // the same at every size
   return enqueue(shaped(spec("allgatherv", dtype), send_count), [=](const Context& ctx) {
+    if (algo == Algorithm::kShmDirect) {
+      return alg::shm_allgatherv(ctx, *ctx.shm, send, recv, counts, offsets);
+    }
     alg::allgatherv_ring(ctx, send, recv, counts, offsets);
   });
 }

@@ -417,13 +417,12 @@ Algorithm CommunicatorImpl::algorithm_for(const char* collective, size_t bytes) 
     if (forced == Algorithm::kShmDirect || shm) return Algorithm::kShmDirect;
     return c == "barrier" ? Algorithm::kAuto : Algorithm::kRing;
   }
-  if (c == "allgatherv") return Algorithm::kRing;
-  if (c == "gather" || c == "scatter" || c == "alltoall") {
+  if (c == "gather" || c == "scatter" || c == "alltoall" || c == "allgatherv") {
     // Through shared memory only where the ranks read each other's buffers (their
     // direct algorithms over tcp otherwise); at every size, so that ranks that disagree
     // on the count still take the same path and fail comparing descriptors.
     if ((forced == Algorithm::kShmDirect || shm) && shm_->cma()) return Algorithm::kShmDirect;
-    return Algorithm::kAuto;
+    return c == "allgatherv" ? Algorithm::kRing : Algorithm::kAuto;
   }
   return Algorithm::kAuto;  // pairwise / dissemination: no choice to make
 }

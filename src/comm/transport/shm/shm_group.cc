@@ -420,7 +420,9 @@ void ShmGroup::check_descriptors() {
     auto describe = [](const OpDesc& d) {
       std::ostringstream s;
       s << op_code_name(d.code) << " (count " << d.count << ", dtype " << int(d.dtype)
-        << ", op " << int(d.reduce) << ", root " << d.root << ")";
+        << ", op " << int(d.reduce) << ", root " << d.root;
+      if (d.layout != 0) s << ", counts fingerprint " << std::hex << d.layout << std::dec;
+      s << ")";
       return s.str();
     };
     throw PeerError(op_name() + " on " + rank_name(local_rank_) + ": " + rank_name(i) +

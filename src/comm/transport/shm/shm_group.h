@@ -46,6 +46,8 @@ struct OpDesc {
   uint8_t dtype = 0;
   uint8_t reduce = 0;
   int32_t root = -1;
+  // A fingerprint of per-rank counts (allgatherv), which must agree too; 0 otherwise.
+  uint64_t layout = 0;
   bool operator==(const OpDesc&) const = default;
 };
 
