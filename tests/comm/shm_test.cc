@@ -218,10 +218,10 @@ TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
 // it is exact.
 TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
   // 8191 and 8193: reduce-scatters of count / 3 per rank whose inputs (32760 and 32772
-  // bytes) lie on either side of 32 KiB. 2047, 2048, 524287 and 524288: reduces on
-  // either side of 8 KiB and of 2 MiB.
+  // bytes) lie on either side of 32 KiB. 2047, 2048, 262143 and 262144: reduces on
+  // either side of 8 KiB and of 1 MiB.
   const std::vector<size_t> counts = {2047,   2048,   8191,   8193, (256 << 10) / 4 - 1,
-                                      (256 << 10) / 4,  70001,  524287, 524288,
+                                      (256 << 10) / 4,  70001,  262143, 262144,
                                       (1 << 20) + 3,    (32 << 20) / 4 - 1};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
   // Rank r's element i: in [1, 2], different on every rank.

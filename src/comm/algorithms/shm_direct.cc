@@ -60,11 +60,11 @@ constexpr size_t kCmaBroadcastMinBytes = 64 * 1024;
 constexpr size_t kCmaAllgatherMinBytes = 32 * 1024;
 constexpr size_t kCmaReduceScatterMinBytes = 32 * 1024;
 // A reduce through cross-memory attach leaves all the work to the root: it pays from
-// 8 KiB (64 KiB: 13.2 -> 7.4 us) but not from a few MiB on, where the segment path's
-// sharing of the reductions wins (4 MiB: 714 against 807 us, 256 MiB: 65 against 106
-// ms).
+// 8 KiB (64 KiB: 13.2 -> 7.4-7.8 us, 512 KiB: 88 -> 64 us) but not from 1 MiB on, where
+// the segment path's sharing of the reductions wins (1 MiB: 195 against 217 us, 4 MiB:
+// 714 against 807 us, 256 MiB: 65 against 106 ms).
 constexpr size_t kCmaReduceMinBytes = 8 * 1024;
-constexpr size_t kCmaReduceMaxBytes = 2 * 1024 * 1024;
+constexpr size_t kCmaReduceMaxBytes = 1024 * 1024;
 // The pieces a rank reads its peers' inputs in: small enough to stay in cache between
 // the read and the reduction.
 constexpr size_t kCmaPieceBytes = 128 * 1024;
