@@ -195,6 +195,33 @@ void cma_reduce_slice(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_
   }
 }
 
+// The two phases of a collective through cross-memory attach: this rank publishes its
+// buffers and waits until every rank has, runs `body` (which may read the peers'
+// buffers), then arrives and waits until every rank is done reading, so that none
+// returns, and lets its buffers change, while another still reads them.
+template <class Body>
+void with_published_buffers(ShmGroup& g, const void* in, void* out, Body&& body) {
+  g.publish_buffers(in, out);
+  g.arrive();
+  g.wait_all();
+  body();
+  g.arrive();
+  g.wait_all();
+}
+
+// Reads every peer r's input (counts[r] elements) to displacement displs[r] of `out`
+// and moves this rank's own `in` to its place unless it is already there (in place).
+void read_blocks(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* out,
+                 const std::vector<size_t>& counts, const std::vector<size_t>& displs) {
+  const size_t e = ctx.elem;
+  const int me = g.local_rank();
+  for (int r = 0; r < g.local_size(); ++r) {
+    if (r != me && counts[r] > 0) g.read_peer(r, g.peer_in(r), out + displs[r] * e, counts[r] * e);
+  }
+  uint8_t* own = out + displs[me] * e;
+  if (own != in && counts[me] > 0) std::memmove(own, in, counts[me] * e);
+}
+
 // The allreduce through cross-memory attach (see the top of the file). Three phases:
 // buffers published (and descriptors compared); every slice reduced; every slice
 // copied. The last arrival tells the peers this rank no longer reads their buffers, and
@@ -224,24 +251,18 @@ void cma_allreduce(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* 
 void cma_reduce_scatter(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* out,
                         size_t total, bool avg) {
   const int me = g.local_rank(), p = g.local_size();
-  g.publish_buffers(in, out);
-  g.arrive();
-  g.wait_all();
-  cma_reduce_slice(ctx, g, in, out, block_begin(total, p, me), block_count(total, p, me), avg);
-  g.arrive();
-  g.wait_all();
+  with_published_buffers(g, in, out, [&] {
+    cma_reduce_slice(ctx, g, in, out, block_begin(total, p, me), block_count(total, p, me), avg);
+  });
 }
 
 // Reduce through cross-memory attach: the root reduces every element from the ranks'
 // inputs, as the allreduce reduces its slice; the others only wait until it is done.
 void cma_reduce(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* out, size_t count,
                 int root) {
-  g.publish_buffers(in, out);
-  g.arrive();
-  g.wait_all();
-  if (g.local_rank() == root) cma_reduce_slice(ctx, g, in, out, 0, count, ctx.average);
-  g.arrive();
-  g.wait_all();
+  with_published_buffers(g, in, out, [&] {
+    if (g.local_rank() == root) cma_reduce_slice(ctx, g, in, out, 0, count, ctx.average);
+  });
 }
 
 // Broadcast through cross-memory attach: the other ranks read the root's `send`
@@ -249,13 +270,10 @@ void cma_reduce(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* out
 // second phase keeps the root from returning, and changing `send`, while they read.
 void cma_broadcast(ShmGroup& g, const uint8_t* send, uint8_t* data, size_t bytes, int root) {
   const bool is_root = g.local_rank() == root;
-  g.publish_buffers(is_root ? send : data, data);
-  g.arrive();
-  g.wait_all();
-  if (!is_root) g.read_peer(root, g.peer_in(root), data, bytes);
-  else if (send != data) std::memcpy(data, send, bytes);
-  g.arrive();
-  g.wait_all();
+  with_published_buffers(g, is_root ? send : data, data, [&] {
+    if (!is_root) g.read_peer(root, g.peer_in(root), data, bytes);
+    else if (send != data) std::memcpy(data, send, bytes);
+  });
 }
 
 // Allgather through cross-memory attach: every rank reads each peer's block from the
@@ -263,20 +281,13 @@ void cma_broadcast(ShmGroup& g, const uint8_t* send, uint8_t* data, size_t bytes
 // of every block being copied into the segment and out again one after the other.
 void cma_allgather(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* out,
                    size_t total) {
-  const size_t e = ctx.elem;
-  const int me = g.local_rank(), p = g.local_size();
-  g.publish_buffers(in, out);
-  g.arrive();
-  g.wait_all();
+  const int p = g.local_size();
+  std::vector<size_t> counts(p), displs(p);
   for (int r = 0; r < p; ++r) {
-    if (r == me) continue;
-    g.read_peer(r, g.peer_in(r), out + block_begin(total, p, r) * e, block_count(total, p, r) * e);
+    counts[r] = block_count(total, p, r);
+    displs[r] = block_begin(total, p, r);
   }
-  // `in` may already be out's own block (in place); the peers only read it.
-  uint8_t* own = out + block_begin(total, p, me) * e;
-  if (own != in) std::memmove(own, in, block_count(total, p, me) * e);
-  g.arrive();
-  g.wait_all();
+  with_published_buffers(g, in, out, [&] { read_blocks(ctx, g, in, out, counts, displs); });
 }
 
 }  // namespace
@@ -424,21 +435,14 @@ void shm_reduce_scatter_blocks(const Context& ctx, ShmGroup& g, const void* in, 
 // buffers.
 void shm_gather(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
                 int root) {
-  const size_t bytes = count * ctx.elem;
   const int me = g.local_rank(), p = g.local_size();
   g.expect(describe(ctx, "gather", count, root));
-  g.publish_buffers(in, out);
-  g.arrive();
-  g.wait_all();
-  if (me == root && bytes > 0) {
-    auto* o = static_cast<uint8_t*>(out);
-    for (int r = 0; r < p; ++r) {
-      if (r != me) g.read_peer(r, g.peer_in(r), o + r * bytes, bytes);
-    }
-    if (o + me * bytes != in) std::memmove(o + me * bytes, in, bytes);  // in place: there
-  }
-  g.arrive();
-  g.wait_all();
+  with_published_buffers(g, in, out, [&] {
+    if (me != root || count == 0) return;
+    std::vector<size_t> counts(p, count), displs(p);
+    for (int r = 0; r < p; ++r) displs[r] = r * count;
+    read_blocks(ctx, g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), counts, displs);
+  });
 }
 
 void shm_scatter(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
@@ -446,18 +450,12 @@ void shm_scatter(const Context& ctx, ShmGroup& g, const void* in, void* out, siz
   const size_t bytes = count * ctx.elem;
   const int me = g.local_rank();
   g.expect(describe(ctx, "scatter", count, root));
-  g.publish_buffers(in, out);
-  g.arrive();
-  g.wait_all();
-  if (bytes > 0) {
-    if (me != root) {
-      g.read_peer(root, g.peer_in(root) + me * bytes, out, bytes);
-    } else if (static_cast<const uint8_t*>(in) + me * bytes != out) {
-      std::memmove(out, static_cast<const uint8_t*>(in) + me * bytes, bytes);
-    }
-  }
-  g.arrive();
-  g.wait_all();
+  with_published_buffers(g, in, out, [&] {
+    if (bytes == 0) return;
+    if (me != root) return g.read_peer(root, g.peer_in(root) + me * bytes, out, bytes);
+    const uint8_t* mine = static_cast<const uint8_t*>(in) + me * bytes;
+    if (mine != out) std::memmove(out, mine, bytes);  // in place: there
+  });
 }
 
 void shm_alltoall(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count) {
@@ -472,24 +470,18 @@ void shm_alltoall(const Context& ctx, ShmGroup& g, const void* in, void* out, si
     std::memcpy(copy, src, bytes * p);
     src = copy;
   }
-  g.publish_buffers(src, out);
-  g.arrive();
-  g.wait_all();
-  if (bytes > 0) {
+  with_published_buffers(g, src, out, [&] {
+    if (bytes == 0) return;
     for (int r = 0; r < p; ++r) {
       if (r != me) g.read_peer(r, g.peer_in(r) + me * bytes, dst + r * bytes, bytes);
     }
     if (src != dst) std::memmove(dst + me * bytes, src + me * bytes, bytes);
-  }
-  g.arrive();
-  g.wait_all();
+  });
 }
 
 void shm_allgatherv(const Context& ctx, ShmGroup& g, const void* in, void* out,
                     const std::vector<size_t>& counts, const std::vector<size_t>& displs) {
-  const size_t e = ctx.elem;
-  const int me = g.local_rank(), p = g.local_size();
-  auto* dst = static_cast<uint8_t*>(out);
+  const int p = g.local_size();
   // The ranks compare the sum of the counts and a fingerprint of all of them (FNV-1a):
   // a rank that expects more from a peer than the peer sends must not read past it.
   uint64_t total = 0, layout = 1469598103934665603ull;
@@ -503,16 +495,9 @@ void shm_allgatherv(const Context& ctx, ShmGroup& g, const void* in, void* out,
   OpDesc d = describe(ctx, "allgatherv", total);
   d.layout = layout;
   g.expect(d);
-  g.publish_buffers(in, out);
-  g.arrive();
-  g.wait_all();
-  for (int r = 0; r < p; ++r) {
-    if (r != me && counts[r] > 0) g.read_peer(r, g.peer_in(r), dst + displs[r] * e, counts[r] * e);
-  }
-  uint8_t* own = dst + displs[me] * e;
-  if (own != in && counts[me] > 0) std::memmove(own, in, counts[me] * e);  // in place: there
-  g.arrive();
-  g.wait_all();
+  with_published_buffers(g, in, out, [&] {
+    read_blocks(ctx, g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), counts, displs);
+  });
 }
 
 void shm_barrier(const Context& ctx, ShmGroup& g) {
