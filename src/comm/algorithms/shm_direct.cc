@@ -230,13 +230,10 @@ void cma_allreduce(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* 
                    size_t count, bool avg) {
   const size_t e = ctx.elem;
   const int me = g.local_rank(), p = g.local_size();
-  g.publish_buffers(in, out);
-  g.arrive();
-  g.wait_all();
   const size_t mine = block_begin(count, p, me);
-  cma_reduce_slice(ctx, g, in, out + mine * e, mine, block_count(count, p, me), avg);
-  g.arrive();
-  g.wait_all();
+  with_published_buffers(g, in, out, [&] {
+    cma_reduce_slice(ctx, g, in, out + mine * e, mine, block_count(count, p, me), avg);
+  });
   for (int r = 0; r < p; ++r) {
     if (r == me) continue;
     const size_t from = block_begin(count, p, r), n = block_count(count, p, r);
