@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -220,9 +221,13 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
   // 8191 and 8193: reduce-scatters of count / 3 per rank whose inputs (32760 and 32772
   // bytes) lie on either side of 32 KiB. 2047, 2048, 262143 and 262144: reduces on
   // either side of 8 KiB and of 1 MiB.
-  const std::vector<size_t> counts = {2047,   2048,   8191,   8193, (256 << 10) / 4 - 1,
-                                      (256 << 10) / 4,  70001,  262143, 262144,
-                                      (1 << 20) + 3,    (32 << 20) / 4 - 1};
+  // CHORUS_SWEEP=quick (scripts/sanitize.sh) leaves out the last,
+  // largest count, the top edge of the allreduce's window: under TSan 202 s become 36 s.
+  std::vector<size_t> counts = {2047,   2048,   8191,   8193, (256 << 10) / 4 - 1,
+                                (256 << 10) / 4,  70001,  262143, 262144,
+                                (1 << 20) + 3,    (32 << 20) / 4 - 1};
+  const char* sweep = std::getenv("CHORUS_SWEEP");
+  if (sweep != nullptr && std::string(sweep) == "quick") counts.pop_back();
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
   // Rank r's element i: in [1, 2], different on every rank.
   auto value = [](size_t i, int r) {
