@@ -38,7 +38,7 @@ using chorus::ReduceOp;
 constexpr int kRoot = 0;
 
 enum class Collective { kAllreduce, kBroadcast, kReduce, kAllgather, kReduceScatter,
-                        kAlltoall, kGather, kScatter };
+                        kAlltoall, kAlltoallv, kGather, kScatter };
 
 struct CollectiveInfo {
   Collective collective;
@@ -53,6 +53,9 @@ const std::map<std::string, CollectiveInfo> kCollectives = {
     {"allgather", {Collective::kAllgather, false, true}},
     {"reduce_scatter", {Collective::kReduceScatter, true, true}},
     {"alltoall", {Collective::kAlltoall, false, true}},
+    // alltoallv with every count equal: alltoall's data through the "v" path, which
+    // first checks every pair's counts.
+    {"alltoallv", {Collective::kAlltoallv, false, true}},
     {"gather", {Collective::kGather, false, true}},
     {"scatter", {Collective::kScatter, false, true}},
 };
@@ -227,7 +230,8 @@ struct Pattern {
       case Collective::kAllgather:
       case Collective::kGather: return input(static_cast<int>(i / block), i % block);
       case Collective::kScatter: return input(kRoot, rank * block + i);
-      case Collective::kAlltoall: return input(static_cast<int>(i / block), rank * block + i % block);
+      case Collective::kAlltoall:
+      case Collective::kAlltoallv: return input(static_cast<int>(i / block), rank * block + i % block);
     }
     return 0;
   }
@@ -300,6 +304,10 @@ chorus::Work issue(Bench& b, const Shape& s) {
     case Collective::kAllgather: return c.allgather(in, out, s.block, t);
     case Collective::kReduceScatter: return c.reduce_scatter(in, out, s.block, t, op);
     case Collective::kAlltoall: return c.alltoall(in, out, s.block, t);
+    case Collective::kAlltoallv: {
+      const std::vector<size_t> counts(static_cast<size_t>(c.size()), s.block);
+      return c.alltoallv(in, counts, {}, out, counts, {}, t);
+    }
     case Collective::kGather: return c.gather(in, out, s.block, t, kRoot);
     case Collective::kScatter: return c.scatter(in, out, s.block, t, kRoot);
   }
@@ -333,7 +341,8 @@ double bus_factor(Collective c, int n) {
     case Collective::kAllreduce: return 2.0 * (n - 1) / n;
     case Collective::kReduceScatter:
     case Collective::kAllgather:
-    case Collective::kAlltoall: return static_cast<double>(n - 1) / n;
+    case Collective::kAlltoall:
+    case Collective::kAlltoallv: return static_cast<double>(n - 1) / n;
     default: return 1;
   }
 }

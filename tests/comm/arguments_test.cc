@@ -11,6 +11,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <future>
 #include <limits>
 #include <numeric>
@@ -222,40 +223,56 @@ TEST(ArgumentsTest, UnknownDataTypeOrOp) {
 // What rank a sends to b must equal what b expects from a. Here rank 0 sends 2 elements
 // to rank 1, which expects 3: the call fails on every rank (rank 2 included, which is
 // not involved), as InvalidArgumentError from the call or from its Work, and nothing
-// breaks.
-TEST(ArgumentsTest, AlltoallvCountsInconsistentBetweenRanks) {
+// breaks: over tcp, and through shared memory where the ranks read each other's buffers
+// (CHORUS_SHM_CMA=all; with 0 alltoallv goes over tcp there too).
+void inconsistent_alltoallv(Communicator& c) {
   constexpr int kSize = 3;
-  test::run_ranks(kSize, [](Communicator& c) {
-    std::vector<size_t> send_counts(kSize, 2), recv_counts(kSize, 2);
-    if (c.rank() == 1) recv_counts[0] = 3;
-    std::vector<float> send(3 * kSize, 1.f), recv(3 * kSize, 0.f);
-    try {
-      Work work = c.alltoallv(send.data(), send_counts, {}, recv.data(), recv_counts, {}, kF32);
-      const bool done = work.wait(seconds(20));
-      ADD_FAILURE() << "rank " << c.rank() << ": the inconsistent alltoallv "
-                    << (done ? "succeeded" : "is still running after 20 s");
-      c.abort("test: inconsistent alltoallv was not refused");
-    } catch (const InvalidArgumentError& e) {
-      EXPECT_TRUE(contains(e.what(), "alltoallv")) << e.what();
-    } catch (const Error& e) {
-      ADD_FAILURE() << "rank " << c.rank() << ": inconsistent alltoallv threw "
-                    << error_kind_name(e.kind()) << " instead of invalid argument: " << e.what();
+  std::vector<size_t> send_counts(kSize, 2), recv_counts(kSize, 2);
+  if (c.rank() == 1) recv_counts[0] = 3;
+  std::vector<float> send(3 * kSize, 1.f), recv(3 * kSize, 0.f);
+  try {
+    Work work = c.alltoallv(send.data(), send_counts, {}, recv.data(), recv_counts, {}, kF32);
+    const bool done = work.wait(seconds(20));
+    ADD_FAILURE() << "rank " << c.rank() << ": the inconsistent alltoallv "
+                  << (done ? "succeeded" : "is still running after 20 s");
+    c.abort("test: inconsistent alltoallv was not refused");
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_TRUE(contains(e.what(), "alltoallv")) << e.what();
+    // Rank 1 says what disagrees, the others who found it.
+    EXPECT_TRUE(contains(e.what(), c.rank() == 1 ? "rank 0 sends 2 elements to rank 1, which expects 3"
+                                                 : "found by rank 1"))
+        << e.what();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "rank " << c.rank() << ": inconsistent alltoallv threw "
+                  << error_kind_name(e.kind()) << " instead of invalid argument: " << e.what();
+  }
+  expect_usable(c);
+  // And a consistent alltoallv works afterwards.
+  const std::vector<size_t> counts(kSize, 2);
+  std::vector<float> mine(2 * kSize), got(2 * kSize, -1.f);
+  for (int q = 0; q < kSize; ++q) {
+    for (int j = 0; j < 2; ++j) mine[2 * q + j] = static_cast<float>(100 * c.rank() + 10 * q + j);
+  }
+  c.alltoallv(mine.data(), counts, {}, got.data(), counts, {}, kF32).wait();
+  for (int p = 0; p < kSize; ++p) {
+    for (int j = 0; j < 2; ++j) {
+      EXPECT_EQ(got[2 * p + j], static_cast<float>(100 * p + 10 * c.rank() + j))
+          << "rank " << c.rank() << " block from " << p;
     }
-    expect_usable(c);
-    // And a consistent alltoallv works afterwards.
-    const std::vector<size_t> counts(kSize, 2);
-    std::vector<float> mine(2 * kSize), got(2 * kSize, -1.f);
-    for (int q = 0; q < kSize; ++q) {
-      for (int j = 0; j < 2; ++j) mine[2 * q + j] = static_cast<float>(100 * c.rank() + 10 * q + j);
-    }
-    c.alltoallv(mine.data(), counts, {}, got.data(), counts, {}, kF32).wait();
-    for (int p = 0; p < kSize; ++p) {
-      for (int j = 0; j < 2; ++j) {
-        EXPECT_EQ(got[2 * p + j], static_cast<float>(100 * p + 10 * c.rank() + j))
-            << "rank " << c.rank() << " block from " << p;
-      }
-    }
-  }, short_options());
+  }
+}
+
+TEST(ArgumentsTest, AlltoallvCountsInconsistentBetweenRanks) {
+  for (const char* cma : {"0", "all"}) {
+    SCOPED_TRACE(std::string("CHORUS_SHM_CMA=") + cma);
+    setenv("CHORUS_SHM_CMA", cma, 1);
+    test::run_ranks(3, [&](Communicator& c) {
+      EXPECT_EQ(std::string(algorithm_name(c.algorithm_for("alltoallv", 0))),
+                std::string(cma) == "all" && std::getenv("CHORUS_TRANSPORT") == nullptr ? "shm" : "auto");
+      inconsistent_alltoallv(c);
+    }, short_options());
+  }
+  unsetenv("CHORUS_SHM_CMA");
 }
 
 TEST(ArgumentsTest, AllgathervShapeErrors) {

@@ -354,11 +354,11 @@ TEST(Shm, CrossMemoryAttachBroadcastsAndAllgathersExactly) {
   unsetenv("CHORUS_SHM_CMA");
 }
 
-// Gather, scatter, alltoall and allgatherv read each other's buffers where cross-memory attach is
-// on (here for 3 ranks through CHORUS_SHM_CMA=all; with 2 the collective sweep covers
-// them) and run their tcp algorithms where it is off: both give every block exactly,
+// Gather, scatter, alltoall, alltoallv and allgatherv read each other's buffers where
+// cross-memory attach is on (here for 3 ranks through CHORUS_SHM_CMA=all; with 2 the
+// collective sweep covers them) and run their tcp algorithms where it is off: both give every block exactly,
 // at every root, in place and not, leaving inputs intact.
-TEST(Shm, GatherScatterAlltoallAllgathervThroughCrossMemoryAttach) {
+TEST(Shm, GatherScatterAlltoallsAllgathervThroughCrossMemoryAttach) {
   // Element i of the block that rank `from` sends to rank `to`.
   auto value = [](size_t i, int from, int to) {
     return static_cast<int32_t>(i * 2654435761u + 7919u * from + 104729u * to);
@@ -419,6 +419,45 @@ TEST(Shm, GatherScatterAlltoallAllgathervThroughCrossMemoryAttach) {
           }
           for (int r = 0; !in_place && r < p; ++r) {
             for (size_t i = 0; i < n; ++i) ASSERT_EQ(sendbuf[r * n + i], value(i, me, r)) << "alltoall input";
+          }
+          // alltoallv: rank `from` sends count(from, to) elements (some none) to rank
+          // `to`. Sends lie in reverse rank order with a gap of 2 after each block,
+          // receives in rank order with a gap of 3 (left alone but in place, where the
+          // send blocks may lie in the gaps). In place, both layouts share one buffer.
+          auto count = [&](int from, int to) -> size_t {
+            return (n * static_cast<size_t>(from + 1) + static_cast<size_t>(to)) % (n + 2);
+          };
+          std::vector<size_t> sc(p), sd(p), rc(p), rd(p);
+          size_t s_at = 0, r_at = 0;
+          for (int r = p - 1; r >= 0; --r) {
+            sc[r] = count(me, r);
+            sd[r] = s_at;
+            s_at += sc[r] + 2;
+          }
+          for (int r = 0; r < p; ++r) {
+            rc[r] = count(r, me);
+            rd[r] = r_at;
+            r_at += rc[r] + 3;
+          }
+          std::vector<int32_t> vsendbuf(in_place ? std::max(s_at, r_at) : s_at, -5);
+          std::vector<int32_t> vrecvbuf(in_place ? 0 : r_at, -5);
+          for (int r = 0; r < p; ++r) {
+            for (size_t i = 0; i < sc[r]; ++i) vsendbuf[sd[r] + i] = value(i, me, r);
+          }
+          const std::vector<int32_t> vsent = vsendbuf;
+          int32_t* vout = in_place ? vsendbuf.data() : vrecvbuf.data();
+          EXPECT_EQ(std::string(algorithm_name(c.algorithm_for("alltoallv", 0))),
+                    std::string(cma) == "all" ? "shm" : "auto");
+          c.alltoallv(vsendbuf.data(), sc, sd, vout, rc, rd, DataType::kInt32).wait();
+          for (int r = 0; r < p; ++r) {
+            for (size_t i = 0; i < rc[r]; ++i) {
+              ASSERT_EQ(vout[rd[r] + i], value(i, r, me))
+                  << "alltoallv with n " << n << ", block from " << r << ", element " << i << " on rank " << me;
+            }
+            for (size_t i = 0; !in_place && i < 3; ++i) ASSERT_EQ(vout[rd[r] + rc[r] + i], -5) << "gap after " << r;
+          }
+          if (!in_place) {
+            ASSERT_EQ(vsendbuf, vsent) << "alltoallv input";
           }
           // allgatherv: rank r sends n * r + r % 2 elements (rank 0 none when n = 0),
           // placed in reverse rank order with a gap of 3 after each block.

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <span>
 
 #include "comm/algorithms/context.h"
@@ -62,7 +64,7 @@ void shm_allgather_blocks(const Context& ctx, transport::shm::ShmGroup& g, const
                           void* out, size_t total);
 void shm_reduce_scatter_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
                                void* out, size_t total, bool avg);
-// These four need g.cma() (the ranks read each other's buffers).
+// These five need g.cma() (the ranks read each other's buffers).
 void shm_allgatherv(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
                     const std::vector<size_t>& counts, const std::vector<size_t>& displs);
 void shm_gather(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
@@ -71,6 +73,16 @@ void shm_scatter(const Context& ctx, transport::shm::ShmGroup& g, const void* in
                  size_t count, int root);
 void shm_alltoall(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
                   size_t count);
+// alltoallv: every rank first reads what each peer will send it (announced[r], in
+// elements) and `verdict(announced)` says whether that disagrees with what it expects
+// (this rank's number; INT32_MAX: no). The ranks agree on the lowest verdict; when any
+// rank disagrees, no data moves and every rank returns that verdict; otherwise the data
+// moves and every rank returns INT32_MAX. `in` may be `out`.
+using CountsVerdict = std::function<int32_t(const std::vector<uint64_t>& announced)>;
+int32_t shm_alltoallv(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
+                      const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
+                      void* out, const std::vector<size_t>& recv_counts,
+                      const std::vector<size_t>& recv_displs, const CountsVerdict& verdict);
 void shm_barrier(const Context& ctx, transport::shm::ShmGroup& g);
 
 // ---- hierarchical (nodes of ctx.topology; hierarchical.cc): the contracts of the flat

@@ -252,39 +252,47 @@ Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_
                                                : std::vector<size_t>(send_displs.begin(), send_displs.end());
   std::vector<size_t> rd = recv_displs.empty() ? packed_displs(recv_counts)
                                                : std::vector<size_t>(recv_displs.begin(), recv_displs.end());
+  Algorithm algo = algorithm_for("alltoallv", 0);  // the same at every size
   return enqueue(spec("alltoallv", dtype), [=, this](const Context& ctx) {
     // Every rank learns what each peer will send it and checks it against what it
     // expects; then all agree on the verdict, so that a mismatch fails everywhere
     // before any data moves.
+    std::string local;
+    auto verdict = [&](const std::vector<uint64_t>& announced) -> int32_t {
+      for (int p = 0; p < size_; ++p) {
+        if (announced[p] == rc[p]) continue;
+        local = "rank " + std::to_string(p) + " sends " + std::to_string(announced[p]) +
+                " elements to rank " + std::to_string(rank_) + ", which expects " +
+                std::to_string(rc[p]);
+        return rank_;
+      }
+      return INT32_MAX;
+    };
+    auto fail = [&](int32_t first_bad) {
+      throw InvalidArgumentError(
+          "alltoallv on rank " + std::to_string(rank_) + ": counts disagree between ranks (" +
+          (local.empty() ? "found by rank " + std::to_string(first_bad) : local) +
+          "); no data was sent");
+    };
+    if (algo == Algorithm::kShmDirect) {
+      int32_t first_bad = alg::shm_alltoallv(ctx, *ctx.shm, send, sc, sd, recv, rc, rd, verdict);
+      if (first_bad != INT32_MAX) fail(first_bad);
+      return;
+    }
     std::vector<size_t> ones(size_, 1), iota(size_);
     std::iota(iota.begin(), iota.end(), 0);
     std::vector<uint64_t> announced(size_);
     Context meta = ctx;
     meta.elem = sizeof(uint64_t);
     alg::alltoallv_pairwise(meta, sc.data(), ones, iota, announced.data(), ones, iota);
-    int32_t first_bad = INT32_MAX;
-    std::string local;
-    for (int p = 0; p < size_; ++p) {
-      if (announced[p] != rc[p]) {
-        first_bad = rank_;
-        local = "rank " + std::to_string(p) + " sends " + std::to_string(announced[p]) +
-                " elements to rank " + std::to_string(rank_) + ", which expects " +
-                std::to_string(rc[p]);
-        break;
-      }
-    }
-    Context verdict = ctx;
-    verdict.dtype = DataType::kInt32;
-    verdict.elem = 4;
-    verdict.reduce = reduce_function(DataType::kInt32, ReduceOp::kMin);
-    verdict.average = false;
-    alg::allreduce_recursive_doubling(verdict, &first_bad, &first_bad, 1);
-    if (first_bad != INT32_MAX) {
-      throw InvalidArgumentError(
-          "alltoallv on rank " + std::to_string(rank_) + ": counts disagree between ranks (" +
-          (local.empty() ? "found by rank " + std::to_string(first_bad) : local) +
-          "); no data was sent");
-    }
+    int32_t first_bad = verdict(announced);
+    Context agree = ctx;
+    agree.dtype = DataType::kInt32;
+    agree.elem = 4;
+    agree.reduce = reduce_function(DataType::kInt32, ReduceOp::kMin);
+    agree.average = false;
+    alg::allreduce_recursive_doubling(agree, &first_bad, &first_bad, 1);
+    if (first_bad != INT32_MAX) fail(first_bad);
     const void* src = send;
     if (send == recv && send_bytes > 0) {
       uint8_t* copy = ctx.scratch.get(send_bytes, 1);

@@ -417,11 +417,17 @@ Algorithm CommunicatorImpl::algorithm_for(const char* collective, size_t bytes) 
     if (forced == Algorithm::kShmDirect || shm) return Algorithm::kShmDirect;
     return c == "barrier" ? Algorithm::kAuto : Algorithm::kRing;
   }
-  if (c == "gather" || c == "scatter" || c == "alltoall" || c == "allgatherv") {
+  if (c == "gather" || c == "scatter" || c == "alltoall" || c == "alltoallv" ||
+      c == "allgatherv") {
     // Through shared memory only where the ranks read each other's buffers (their
     // direct algorithms over tcp otherwise); at every size, so that ranks that disagree
     // on the count still take the same path and fail comparing descriptors.
-    if ((forced == Algorithm::kShmDirect || shm) && shm_->cma()) return Algorithm::kShmDirect;
+    // alltoallv's ranks also need their tables of counts to fit in a segment buffer.
+    const bool table_fits = c != "alltoallv" || shm_ == nullptr ||
+                            (1 + 3 * static_cast<size_t>(size_)) * 8 <= shm_->buffer_bytes();
+    if ((forced == Algorithm::kShmDirect || shm) && shm_->cma() && table_fits) {
+      return Algorithm::kShmDirect;
+    }
     return c == "allgatherv" ? Algorithm::kRing : Algorithm::kAuto;
   }
   return Algorithm::kAuto;  // pairwise / dissemination: no choice to make
