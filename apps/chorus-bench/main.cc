@@ -38,7 +38,7 @@ using chorus::ReduceOp;
 constexpr int kRoot = 0;
 
 enum class Collective { kAllreduce, kBroadcast, kReduce, kAllgather, kReduceScatter,
-                        kAlltoall, kAlltoallv, kGather, kScatter };
+                        kAlltoall, kAlltoallv, kGather, kScatter, kSendRecv };
 
 struct CollectiveInfo {
   Collective collective;
@@ -58,6 +58,9 @@ const std::map<std::string, CollectiveInfo> kCollectives = {
     {"alltoallv", {Collective::kAlltoallv, false, true}},
     {"gather", {Collective::kGather, false, true}},
     {"scatter", {Collective::kScatter, false, true}},
+    // Point to point: every rank sends the row's bytes to the next rank and receives as
+    // many from the previous one (even ranks send first, odd ranks receive first).
+    {"sendrecv", {Collective::kSendRecv, false, false}},
 };
 
 const std::map<std::string, Algorithm> kAlgorithms = {
@@ -230,6 +233,7 @@ struct Pattern {
       case Collective::kAllgather:
       case Collective::kGather: return input(static_cast<int>(i / block), i % block);
       case Collective::kScatter: return input(kRoot, rank * block + i);
+      case Collective::kSendRecv: return input((rank + size - 1) % size, i);
       case Collective::kAlltoall:
       case Collective::kAlltoallv: return input(static_cast<int>(i / block), rank * block + i % block);
     }
@@ -310,6 +314,16 @@ chorus::Work issue(Bench& b, const Shape& s) {
     }
     case Collective::kGather: return c.gather(in, out, s.block, t, kRoot);
     case Collective::kScatter: return c.scatter(in, out, s.block, t, kRoot);
+    case Collective::kSendRecv: {
+      // Ops run in issue order: the second one's Work completes after both.
+      const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
+      if (c.rank() % 2 == 0) {
+        c.send(in, s.count, t, next);
+        return c.recv(out, s.count, t, prev);
+      }
+      c.recv(out, s.count, t, prev);
+      return c.send(in, s.count, t, next);
+    }
   }
   throw std::logic_error("unknown collective");
 }
@@ -389,7 +403,8 @@ Row run_size(Bench& b, uint64_t bytes) {
   size_t elem = chorus::dtype_size(b.options.dtype);
   Shape s = shape_of(b.info, bytes / elem, b.comm.rank(), b.comm.size());
   Row r{s.count * elem, s.count, nullptr, 0, 0, 0, std::nullopt};
-  r.algo = chorus::algorithm_name(b.comm.algorithm_for(b.options.collective.c_str(), r.bytes));
+  const std::string& c = b.options.collective;
+  r.algo = chorus::algorithm_name(b.comm.algorithm_for(c == "sendrecv" ? "send" : c.c_str(), r.bytes));
   r.time_us = time_op(b, s);
   r.algbw = r.time_us > 0 ? r.bytes / (r.time_us * 1e3) : 0;  // GB/s
   r.busbw = r.algbw * bus_factor(b.info.collective, b.comm.size());

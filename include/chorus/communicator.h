@@ -191,7 +191,10 @@ class Communicator {
   // Completes on every rank once every rank has issued it.
   virtual Work barrier() = 0;
   // Point to point. Messages between two ranks arrive in the order they were sent; a
-  // recv must match its send's count and dtype.
+  // recv must match its send's count and dtype. Operations run in issue order, and a
+  // send may wait for its recv (once the transport's buffer between the two is full: a
+  // shared-memory ring or the sockets), so order exchanges that cannot deadlock: even
+  // ranks send first, odd ranks receive first.
   virtual Work send(const void* buf, size_t count, DataType dtype, int peer) = 0;
   virtual Work recv(void* buf, size_t count, DataType dtype, int peer) = 0;
 

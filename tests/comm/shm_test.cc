@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "chorus/chorus.h"
@@ -484,6 +485,116 @@ TEST(Shm, GatherScatterAlltoallsAllgathervThroughCrossMemoryAttach) {
     });
   }
   unsetenv("CHORUS_SHM_CMA");
+}
+
+// Point to point between ranks of one node goes through their channels in the segment:
+// messages that fit the ring need no receiver yet (every rank sends to every other
+// first, then receives), longer ones stream through it while the receiver drains it,
+// and every message arrives whole and in order. On 2 simulated nodes the pairs of a node
+// use their channel and the others tcp, in the same exchange.
+TEST(Shm, PointToPointThroughChannels) {
+  auto value = [](size_t i, int from, int to, int k) {
+    return static_cast<int32_t>(i * 2654435761u + 7919u * from + 104729u * to + 15485863u * k);
+  };
+  // Message k from `from` to `to`: some empty, at most 12 KiB (all fit any ring).
+  auto length = [](int from, int to, int k) -> size_t {
+    return static_cast<size_t>((from * 7 + to * 3 + k * 1001) % 3001) * (k % 4 == 3 ? 0 : 1);
+  };
+  for (const char* nodes : {"one", "two"}) {
+    SCOPED_TRACE(std::string(nodes) + " node(s)");
+    const bool two = std::string(nodes) == "two";
+    run_ranks(4, test::test_options(), [&](int r) { return two ? "p" + std::to_string(r / 2) : ""; },
+              [&](Communicator& c) {
+      const int me = c.rank(), p = c.size();
+      EXPECT_EQ(c.algorithm_for("send", 0), two ? Algorithm::kAuto : Algorithm::kShmDirect);
+      std::vector<Work> works;
+      std::vector<std::vector<int32_t>> out;
+      for (int q = 0; q < p; ++q) {
+        for (int k = 0; k < 8 && q != me; ++k) {
+          out.emplace_back(length(me, q, k));
+          for (size_t i = 0; i < out.back().size(); ++i) out.back()[i] = value(i, me, q, k);
+          works.push_back(c.send(out.back().data(), out.back().size(), DataType::kInt32, q));
+        }
+      }
+      for (Work& w : works) w.wait();
+      for (int q = 0; q < p; ++q) {
+        for (int k = 0; k < 8 && q != me; ++k) {
+          std::vector<int32_t> in(length(q, me, k), -1);
+          c.recv(in.data(), in.size(), DataType::kInt32, q).wait();
+          for (size_t i = 0; i < in.size(); ++i) {
+            ASSERT_EQ(in[i], value(i, q, me, k)) << "message " << k << " from " << q << ", element " << i;
+          }
+        }
+      }
+      // Longer than any ring (4 MiB + 12 bytes), around a ring of the ranks: even ranks
+      // send first, odd ranks receive first.
+      const size_t n = (size_t{1} << 20) + 3;
+      std::vector<int32_t> big(n), got(n, -1);
+      for (size_t i = 0; i < n; ++i) big[i] = value(i, me, -1, 0);
+      const int next = (me + 1) % p, prev = (me + p - 1) % p;
+      if (me % 2 == 0) {
+        c.send(big.data(), n, DataType::kInt32, next).wait();
+        c.recv(got.data(), n, DataType::kInt32, prev).wait();
+      } else {
+        c.recv(got.data(), n, DataType::kInt32, prev).wait();
+        c.send(big.data(), n, DataType::kInt32, next).wait();
+      }
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], value(i, prev, -1, 0)) << "element " << i;
+    });
+  }
+}
+
+// What a rank sent stays in its channel after it left: the receiver still gets it all.
+// Waiting for more from a rank that left is an error naming it; so is a message of
+// another length than the recv expects, on the receiver (with both lengths), and then
+// on the sender, whose next operation finds the receiver aborted.
+TEST(Shm, PointToPointAfterTheSenderLeftAndOfTheWrongLength) {
+  std::string receiver_error;
+  std::vector<float> sent(30000);
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<float>(i) * 0.5f;
+  run_ranks(2, test::test_options(), [](int) { return ""; }, [&](Communicator& c) {
+    if (c.rank() == 0) {
+      c.send(sent.data(), 10, DataType::kFloat32, 1).wait();
+      c.send(sent.data(), sent.size(), DataType::kFloat32, 1).wait();
+      return;  // leaves: its communicator closes
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::vector<float> a(10), b(sent.size());
+    c.recv(a.data(), a.size(), DataType::kFloat32, 0).wait();
+    c.recv(b.data(), b.size(), DataType::kFloat32, 0).wait();
+    EXPECT_EQ(0, std::memcmp(a.data(), sent.data(), a.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(b.data(), sent.data(), b.size() * sizeof(float)));
+    try {
+      c.recv(a.data(), a.size(), DataType::kFloat32, 0).wait();
+      ADD_FAILURE() << "a recv from a rank that left succeeded";
+    } catch (const PeerError& e) {
+      receiver_error = e.what();
+    }
+  });
+  EXPECT_NE(receiver_error.find("rank 0 (host"), std::string::npos) << receiver_error;
+  EXPECT_NE(receiver_error.find("closed the communicator while this rank waited for it to send"),
+            std::string::npos) << receiver_error;
+
+  std::string errors[2];
+  run_ranks(2, test::test_options(), [](int) { return ""; }, [&](Communicator& c) {
+    std::vector<float> buf(100);
+    try {
+      if (c.rank() == 0) {
+        c.send(buf.data(), 100, DataType::kFloat32, 1).wait();  // in the ring: done
+        c.barrier().wait();
+      } else {
+        c.recv(buf.data(), 99, DataType::kFloat32, 0).wait();
+      }
+      ADD_FAILURE() << "rank " << c.rank() << " did not fail";
+    } catch (const PeerError& e) {
+      errors[c.rank()] = e.what();
+    }
+  });
+  EXPECT_NE(errors[1].find("mismatched message from rank 0 (host"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("it sent 400 bytes where this rank's recv expects 396"), std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[0].find("rank 1 (host"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("aborted"), std::string::npos) << errors[0];
 }
 
 }  // namespace

@@ -319,6 +319,9 @@ Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int p
   OpSpec s = spec("send", dtype);
   s.collective = false;
   return enqueue(s, [=](const Context& ctx) {
+    // A peer on this node: through its channel in shared memory (both ranks choose it).
+    const int local = ctx.shm != nullptr ? ctx.shm->local_of(peer) : -1;
+    if (local >= 0) return ctx.shm->send(local, buf, bytes);
     ctx.transport.wait(ctx.transport.isend(peer, buf, bytes));
   });
 }
@@ -331,6 +334,8 @@ Work CommunicatorImpl::recv(void* buf, size_t count, DataType dtype, int peer) {
   OpSpec s = spec("recv", dtype);
   s.collective = false;
   return enqueue(s, [=](const Context& ctx) {
+    const int local = ctx.shm != nullptr ? ctx.shm->local_of(peer) : -1;
+    if (local >= 0) return ctx.shm->recv(local, buf, bytes);
     ctx.transport.wait(ctx.transport.irecv(peer, buf, bytes));
   });
 }

@@ -161,8 +161,10 @@ bool CommunicatorImpl::run_queued(const WorkState* until) {
   }
   if (abort_requested_.load() && !transport_aborted_) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
-    transport_->abort(abort_reason_);
+    // Shared memory first: it tells the local peers at once, while tcp's abort lingers
+    // up to half a second for its peers to hang up.
     if (shm_) shm_->abort(abort_reason_);
+    transport_->abort(abort_reason_);
     transport_aborted_ = true;
   }
   running_.store(false, std::memory_order_release);
@@ -289,8 +291,8 @@ void CommunicatorImpl::run(Op& op) {
       if (!abort_requested_.load()) abort_reason_ = reason;
       abort_requested_.store(true);
     }
+    if (shm_) shm_->abort(reason);  // first, as above
     transport_->abort(reason);
-    if (shm_) shm_->abort(reason);
     transport_aborted_ = true;
     if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(std::current_exception());
     else op.work->complete(std::make_exception_ptr(SystemError(op.work->description() + ": " + reason)));
@@ -429,6 +431,11 @@ Algorithm CommunicatorImpl::algorithm_for(const char* collective, size_t bytes) 
       return Algorithm::kShmDirect;
     }
     return c == "allgatherv" ? Algorithm::kRing : Algorithm::kAuto;
+  }
+  if (c == "send" || c == "recv") {
+    // A peer on this node gets its messages through shared memory (whatever
+    // CHORUS_ALGO says); "shm" when every peer is on this node.
+    return all_in_shared_memory() ? Algorithm::kShmDirect : Algorithm::kAuto;
   }
   return Algorithm::kAuto;  // pairwise / dissemination: no choice to make
 }

@@ -18,6 +18,15 @@
 // (kind, count, dtype, op, root) across ranks, so that ranks calling different
 // collectives fail with a message naming both instead of exchanging wrong data.
 //
+// Point to point (send/recv between local ranks): every ordered pair of local ranks has
+// a byte stream in the segment, a ring of channel_bytes() that only the sender writes
+// and only the receiver reads, with a header before every message (length and number,
+// checked on receipt). A send returns once its last byte is in the ring, so a message
+// that fits needs no receiver yet; a longer one waits for the receiver to drain the
+// ring, as a tcp send waits for a full socket buffer. Data in the ring outlives the
+// sender: a rank may send and leave. Waits are those of the phases (spin, then the
+// futex), and check only the one peer: it aborted, closed or died.
+//
 // Cross-memory attach: where the kernel lets the ranks read each other's memory
 // (process_vm_readv: same user, ptrace allowed; tried at set-up, and the ranks agree),
 // large collectives can read a peer's own input and output buffers directly, one copy
@@ -109,6 +118,15 @@ class ShmGroup {
   // died or cannot be read becomes PeerError naming the operation and both ranks.
   void read_peer(int i, uint64_t from, void* to, size_t bytes);
 
+  // Local index of communicator rank `rank`, or -1 when it is on another node.
+  int local_of(int rank) const;
+  // Bytes of each point-to-point ring.
+  size_t channel_bytes() const { return channel_bytes_; }
+  // Sends `len` bytes to local rank i, or receives exactly `len` bytes from it (a
+  // message of another length is a PeerError naming both ranks and lengths).
+  void send(int i, const void* data, size_t len);
+  void recv(int i, void* data, size_t len);
+
   // Thread-safe: the wait in progress (or the next) throws AbortedError.
   void interrupt(const std::string& reason);
   // Tells the local peers that this rank aborted, with `reason`. Idempotent.
@@ -119,6 +137,7 @@ class ShmGroup {
  private:
   struct Header;
   struct Control;
+  struct Channel;
 
   ShmGroup(const GroupConfig& config, Segment segment, int local_rank);
   Header& header() const;
@@ -130,6 +149,18 @@ class ShmGroup {
   void probe_cma(Store& store, const std::string& base);
   [[noreturn]] void fail_read(int i, int err);
   void wake();
+  // Wakes sleepers, if any, after a store they may wait for.
+  void notify();
+  Channel& channel(int from, int to) const;
+  uint8_t* ring(int from, int to) const;
+  void write_stream(int to, const uint8_t* data, size_t n);
+  void read_stream(int from, uint8_t* data, size_t n);
+  // Waits until `ready()`, for local rank i to `what` ("receive", "send"); throws what
+  // check_peer() finds, or TimeoutError at the operation's deadline.
+  template <class Ready>
+  void wait_for_peer(int i, Ready&& ready, const char* what);
+  // Throws when local rank i aborted, or closed or died while this rank waits for it.
+  void check_peer(int i, bool liveness, const char* what);
   [[noreturn]] void fail_timeout(uint64_t phase) const;
   std::string op_name() const;
   std::string rank_name(int local) const;
@@ -156,6 +187,8 @@ class ShmGroup {
   std::string interrupt_reason_;
   bool left_ = false;
   bool cma_ = false;
+  size_t channel_bytes_ = 0;
+  std::vector<uint64_t> sent_, received_;  // messages per local peer, point to point
   uint64_t probe_cookie_ = 0;   // read by the peers at set-up to try cross-memory attach
 };
 
