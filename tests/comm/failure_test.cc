@@ -231,6 +231,36 @@ TEST(Failure, FlightRecorderAndChorusTraceNameTheRankBehind) {
   std::filesystem::remove_all(dir);
 }
 
+// A recv whose sender never sends times out naming the sender (in shared memory: what it
+// waited for it to do), and the flight recorder keeps the recv with its count and peer.
+TEST(Failure, RecvFromASilentPeerTimesOutNamingItAndIsRecorded) {
+  const std::string dir = ::testing::TempDir() + "chorus_p2p_trace_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  CommOptions o = test::test_options();
+  o.timeout = 1500ms;
+  o.trace_dir = dir;
+  o.comm_id = "p2p";
+  auto msgs = run_and_collect(2, o, [](Communicator& c) {
+    std::vector<float> buf(10, 1.0f);
+    if (c.rank() == 0) {
+      std::this_thread::sleep_for(3s);  // alive but silent, past rank 1's deadline
+      return;
+    }
+    c.recv(buf.data(), 10, DataType::kFloat32, 0).wait();
+  });
+  EXPECT_TRUE(contains(msgs[1], "timed out")) << msgs[1];
+  EXPECT_TRUE(contains(msgs[1], "rank 0 (host")) << msgs[1];
+  if (over_shm(o)) {
+    EXPECT_TRUE(contains(msgs[1], "waiting in shared memory for rank 0 (host")) << msgs[1];
+    EXPECT_TRUE(contains(msgs[1], ") to send")) << msgs[1];
+  }
+  std::ifstream in(dir + "/chorus_trace_p2p_rank1.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(text, "\"kind\":\"p2p\",\"op\":\"recv\",\"dtype\":\"f32\",\"count\":10,\"peer\":0,"
+                             "\"state\":\"failed\"")) << text;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Failure, AbsentRankTimesOutNamingIt) {
   CommOptions o = test::test_options();
   o.timeout = 1500ms;

@@ -316,7 +316,7 @@ Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int p
   v.peer(peer);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(buf, count, "send");
-  OpSpec s = spec("send", dtype);
+  OpSpec s = shaped(spec("send", dtype), count, peer);  // the flight recorder's count and peer
   s.collective = false;
   return enqueue(s, [=](const Context& ctx) {
     // A peer on this node: through its channel in shared memory (both ranks choose it).
@@ -331,7 +331,7 @@ Work CommunicatorImpl::recv(void* buf, size_t count, DataType dtype, int peer) {
   v.peer(peer);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(buf, count, "recv");
-  OpSpec s = spec("recv", dtype);
+  OpSpec s = shaped(spec("recv", dtype), count, peer);  // the flight recorder's count and peer
   s.collective = false;
   return enqueue(s, [=](const Context& ctx) {
     const int local = ctx.shm != nullptr ? ctx.shm->local_of(peer) : -1;

@@ -107,7 +107,8 @@ std::string FlightRecorder::json(int rank, int size, const std::string& host,
     if (e.id != id + 1) continue;
     o << (first ? "" : ",") << "\n {\"seq\":" << e.seq << ",\"kind\":\""
       << (e.collective ? "collective" : "p2p") << "\",\"op\":" << quoted(e.name)
-      << ",\"dtype\":" << quoted(e.dtype) << ",\"count\":" << e.count << ",\"root\":" << e.root
+      << ",\"dtype\":" << quoted(e.dtype) << ",\"count\":" << e.count
+      << (e.collective ? ",\"root\":" : ",\"peer\":") << e.root
       << ",\"state\":\"" << state_name(e.state) << "\",\"queued_us\":" << micros(e.queued_at)
       << ",\"started_us\":" << micros(e.started_at) << ",\"ended_us\":" << micros(e.ended_at);
     if (!e.error.empty()) o << ",\"error\":" << quoted(e.error);

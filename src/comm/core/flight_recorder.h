@@ -1,9 +1,10 @@
 // The flight recorder: each communicator keeps its last N operations (sequence number,
-// collective, dtype, count, root, state, enqueue/start/end times, and the error of a
-// failed one) and writes them out when an operation times out or the communicator is
-// aborted: to CHORUS_TRACE_DIR/chorus_trace_<comm>_rank<R>.json, or to stderr when
-// that is unset. apps/chorus-trace merges the ranks' files and says which rank is
-// behind and where, and which peers a timed-out operation was still waiting for. CHORUS_TRACE_BUFFER_SIZE sets N (0 turns it off).
+// collective, dtype, count, root (send/recv: the peer), state, enqueue/start/end times,
+// and the error of a failed one) and writes them out when an operation times out or the
+// communicator is aborted: to CHORUS_TRACE_DIR/chorus_trace_<comm>_rank<R>.json, or to
+// stderr when that is unset. apps/chorus-trace merges the ranks' files and says which
+// rank is behind and where, and which peers a timed-out operation was still waiting for.
+// CHORUS_TRACE_BUFFER_SIZE sets N (0 turns it off).
 #pragma once
 
 #include <chrono>
@@ -45,7 +46,7 @@ class FlightRecorder {
     const char* name = "";
     const char* dtype = "";
     uint64_t count = 0;
-    int root = -1;
+    int root = -1;  // send/recv: the peer, written as "peer"
     State state = State::kQueued;
     Clock::time_point queued_at, started_at, ended_at;
     std::string error;
