@@ -61,8 +61,10 @@ if [ "$mode" = asan ] || [ "$mode" = all ]; then
 fi
 if [ "$mode" = tsan ] || [ "$mode" = all ]; then
   # ThreadSanitizer is the slower one (its sweep costs about 4x ASan's): the sweep runs on
-  # world sizes 1-4 and 8 (odd and even, up to four ranks per core, over shared memory and
-  # tcp), not 5-7, whose threads interact no differently; ASan and the normal suite run
-  # every size. (ctest names end in "  # GetParam() = N". A -E of your own replaces this.)
-  run tsan thread -E 'CollectivesTest\.[A-Za-z]+/size[5-7]( |$)' "$@"
+  # world sizes 1-4 and 8 (odd and even, up to four ranks per core), not 5-7, whose
+  # threads interact no differently; over tcp it stops at 4 (8 ranks there only add
+  # connections of the same kind, and took 156 of the 1246 test seconds). ASan and the
+  # normal suite run every size both ways. (ctest names end in "  # GetParam() = N". A
+  # -E of your own replaces this.)
+  run tsan thread -E 'CollectivesTest\.[A-Za-z]+/size[5-7]( |$)|^tcp:WorldSize/CollectivesTest\.[A-Za-z]+/size8( |$)' "$@"
 fi
