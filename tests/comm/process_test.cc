@@ -282,5 +282,27 @@ TEST(ProcessTest, WorldSizeWithoutRankFailsNamingBoth) {
   expect_env_error({{"WORLD_SIZE", "2"}}, {});
 }
 
+// chorus-bench starts its own ranks (3: odd) and checks every collective's result
+// against the closed form: a wrong element, a crash or a hang fails here. Over shared
+// memory, and over tcp as the tcp: copy (the ranks inherit CHORUS_TRANSPORT).
+TEST(ProcessTest, ChorusBenchChecksEveryCollective) {
+  const std::string bench = std::string(CHORUS_BIN_DIR) + "/chorus-bench";
+  for (const char* op : {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
+                         "alltoall", "alltoallv", "gather", "scatter", "sendrecv"}) {
+    std::string out;
+    const int rc = test::run_command(bench, {"--np", "3", "-o", op, "-b", "12", "-e", "196608", "-f", "4",
+                                             "-n", "2", "-w", "1", "-c", "1", "--json"},
+                                     &out, seconds(120));
+    EXPECT_EQ(rc, 0) << op << "\n" << out;
+    // One JSON row per size (12 B to 192 KiB by 4), each with no wrong element.
+    size_t rows = 0;
+    for (size_t at = out.find("\"wrong\":"); at != std::string::npos; at = out.find("\"wrong\":", at + 1)) {
+      ++rows;
+      EXPECT_EQ(out.compare(at, 10, "\"wrong\":0}"), 0) << op << ": " << out.substr(at, 40);
+    }
+    EXPECT_EQ(rows, 8u) << op << "\n" << out;
+  }
+}
+
 }  // namespace
 }  // namespace chorus
