@@ -380,81 +380,94 @@ bool ShmGroup::all_arrived(uint64_t phase) const {
   return true;
 }
 
-void ShmGroup::spin_until_arrived(uint64_t phase) {
+template <class Ready, class Check, class Expired>
+void ShmGroup::wait_until(Ready&& ready, Check&& check, Expired&& expired) {
   if (oversubscribed_) {
     // The rank we wait for may need this very core: hand it over at once (a yield
     // costs far less than a futex sleep and wake-up), a bounded number of times.
     for (int i = 0; i < kOversubscribedYields; ++i) {
-      if (all_arrived(phase)) return;
+      if (ready()) return;
       sched_yield();
     }
-    return;
+  } else {
+    for (int i = 0; i < kSpins; ++i) {
+      if (ready()) return;
+      if (i >= 64 && (i & 63) == 0) sched_yield();
+      cpu_relax();
+    }
   }
-  for (int i = 0; i < kSpins; ++i) {
-    if (all_arrived(phase)) return;
-    if (i >= 64 && (i & 63) == 0) sched_yield();
-    cpu_relax();
-  }
-}
-
-void ShmGroup::wait_all() {
-  const uint64_t phase = phase_;
-  spin_until_arrived(phase);
-  while (!all_arrived(phase)) {
+  while (!ready()) {
     auto now = std::chrono::steady_clock::now();
     bool liveness = now >= next_liveness_check_;
     if (liveness) next_liveness_check_ = now + kLivenessPeriod;
-    check_peers(phase, liveness);
-    if (op_.deadline.expired()) fail_timeout(phase);
+    check(liveness);
+    if (ready()) return;  // a check may let what arrived meanwhile through
+    if (op_.deadline.expired()) expired();
     Header& h = header();
     atomic(h.sleepers).fetch_add(1, std::memory_order_seq_cst);
     uint32_t seen = atomic(h.epoch).load(std::memory_order_seq_cst);
-    if (!all_arrived(phase)) {
+    if (!ready()) {
       auto nap = std::min<std::chrono::milliseconds>(kLivenessPeriod, op_.deadline.remaining());
       futex_wait_shared(&h.epoch, seen, std::max(nap, std::chrono::milliseconds(1)));
     }
     atomic(h.sleepers).fetch_sub(1, std::memory_order_seq_cst);
   }
+}
+
+void ShmGroup::wait_all() {
+  const uint64_t phase = phase_;
+  wait_until([&] { return all_arrived(phase); },
+             [&](bool liveness) { check_peers(phase, liveness); },
+             [&] { fail_timeout(phase); });
   if (check_pending_) {
     check_pending_ = false;
     check_descriptors();
   }
 }
 
-void ShmGroup::check_peers(uint64_t phase, bool liveness) {
+void ShmGroup::check_interrupt() {
   if (interrupted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(interrupt_mutex_);
     throw AbortedError(op_name() + " on " + rank_name(local_rank_) + " was aborted: " + interrupt_reason_);
   }
+}
+
+void ShmGroup::check_peer(int i, bool liveness, bool waiting, const std::string& closed,
+                          const std::string& died) {
+  Control& c = control(i);
+  uint32_t state = atomic(c.state).load(std::memory_order_acquire);
+  if (state == kAborted) {
+    std::string reason(c.reason, strnlen(c.reason, kReasonBytes));
+    throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + rank_name(i) +
+                    " aborted: " + reason);
+  }
+  if (!waiting) return;
+  if (state == kClosed) {
+    throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + rank_name(i) + " " + closed);
+  }
+  if (!liveness) return;
+  bool gone = false;
+  if (pidfds_[i] >= 0) {
+    struct pollfd p = {pidfds_[i], POLLIN, 0};
+    gone = ::poll(&p, 1, 0) > 0;
+  } else if (c.pid != getpid()) {
+    gone = process_gone(c.pid);
+  }
+  if (gone) {
+    std::string who = rank_name(i);
+    who.insert(who.size() - 1, ", pid " + std::to_string(c.pid));
+    throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + who +
+                    " died: its process exited or was killed " + died);
+  }
+}
+
+void ShmGroup::check_peers(uint64_t phase, bool liveness) {
+  check_interrupt();
   for (int i = 0; i < local_size_; ++i) {
     if (i == local_rank_) continue;
-    Control& c = control(i);
-    uint32_t state = atomic(c.state).load(std::memory_order_acquire);
-    if (state == kAborted) {
-      std::string reason(c.reason, strnlen(c.reason, kReasonBytes));
-      throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + rank_name(i) +
-                      " aborted: " + reason);
-    }
-    bool waiting_for_it = atomic(c.arrived).load(std::memory_order_acquire) < phase;
-    if (state == kClosed && waiting_for_it) {
-      throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + rank_name(i) +
-                      " closed the communicator without calling this operation");
-    }
-    if (!liveness || !waiting_for_it) continue;
-    bool gone = false;
-    if (pidfds_[i] >= 0) {
-      struct pollfd p = {pidfds_[i], POLLIN, 0};
-      gone = ::poll(&p, 1, 0) > 0;
-    } else if (c.pid != getpid()) {
-      gone = process_gone(c.pid);
-    }
-    if (gone) {
-      std::string who = rank_name(i);
-      who.insert(who.size() - 1, ", pid " + std::to_string(c.pid));
-      throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + who +
-                      " died: its process exited or was killed while this rank waited for it "
-                      "in shared memory");
-    }
+    const bool waiting_for_it = atomic(control(i).arrived).load(std::memory_order_acquire) < phase;
+    check_peer(i, liveness, waiting_for_it, "closed the communicator without calling this operation",
+               "while this rank waited for it in shared memory");
   }
 }
 
@@ -594,77 +607,23 @@ void ShmGroup::read_stream(int from, uint8_t* data, size_t n) {
 
 template <class Ready>
 void ShmGroup::wait_for_peer(int i, Ready&& ready, const char* what) {
-  if (oversubscribed_) {
-    for (int k = 0; k < kOversubscribedYields; ++k) {
-      if (ready()) return;
-      sched_yield();
-    }
-  } else {
-    for (int k = 0; k < kSpins; ++k) {
-      if (ready()) return;
-      if (k >= 64 && (k & 63) == 0) sched_yield();
-      cpu_relax();
-    }
-  }
-  while (!ready()) {
-    auto now = std::chrono::steady_clock::now();
-    bool liveness = now >= next_liveness_check_;
-    if (liveness) next_liveness_check_ = now + kLivenessPeriod;
-    try {
-      check_peer(i, liveness, what);
-    } catch (const PeerError&) {
-      // What it wrote before it left is still for this rank to take.
-      if (ready()) return;
-      throw;
-    }
-    if (op_.deadline.expired()) {
-      throw TimeoutError(op_name() + " timed out on " + rank_name(local_rank_) +
-                             " waiting in shared memory for " + rank_name(i) + " to " + what +
-                             " (a peer is stopped, hung, or behind in a different operation)",
-                         {config_.members[i]});
-    }
-    Header& h = header();
-    atomic(h.sleepers).fetch_add(1, std::memory_order_seq_cst);
-    uint32_t seen = atomic(h.epoch).load(std::memory_order_seq_cst);
-    if (!ready()) {
-      auto nap = std::min<std::chrono::milliseconds>(kLivenessPeriod, op_.deadline.remaining());
-      futex_wait_shared(&h.epoch, seen, std::max(nap, std::chrono::milliseconds(1)));
-    }
-    atomic(h.sleepers).fetch_sub(1, std::memory_order_seq_cst);
-  }
-}
-
-void ShmGroup::check_peer(int i, bool liveness, const char* what) {
-  if (interrupted_.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(interrupt_mutex_);
-    throw AbortedError(op_name() + " on " + rank_name(local_rank_) + " was aborted: " + interrupt_reason_);
-  }
-  Control& c = control(i);
-  const uint32_t state = atomic(c.state).load(std::memory_order_acquire);
-  if (state == kAborted) {
-    std::string reason(c.reason, strnlen(c.reason, kReasonBytes));
-    throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + rank_name(i) +
-                    " aborted: " + reason);
-  }
-  if (state == kClosed) {
-    throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + rank_name(i) +
-                    " closed the communicator while this rank waited for it to " + what);
-  }
-  if (!liveness) return;
-  bool gone = false;
-  if (pidfds_[i] >= 0) {
-    struct pollfd p = {pidfds_[i], POLLIN, 0};
-    gone = ::poll(&p, 1, 0) > 0;
-  } else if (c.pid != getpid()) {
-    gone = process_gone(c.pid);
-  }
-  if (gone) {
-    std::string who = rank_name(i);
-    who.insert(who.size() - 1, ", pid " + std::to_string(c.pid));
-    throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " + who +
-                    " died: its process exited or was killed while this rank waited for it to " +
-                    what + " in shared memory");
-  }
+  wait_until(ready,
+             [&](bool liveness) {
+               check_interrupt();
+               try {
+                 check_peer(i, liveness, true,
+                            std::string("closed the communicator while this rank waited for it to ") + what,
+                            std::string("while this rank waited for it to ") + what + " in shared memory");
+               } catch (const PeerError&) {
+                 if (!ready()) throw;  // what it wrote before it left is still for this rank to take
+               }
+             },
+             [&] {
+               throw TimeoutError(op_name() + " timed out on " + rank_name(local_rank_) +
+                                      " waiting in shared memory for " + rank_name(i) + " to " + what +
+                                      " (a peer is stopped, hung, or behind in a different operation)",
+                                  {config_.members[i]});
+             });
 }
 
 void ShmGroup::interrupt(const std::string& reason) {

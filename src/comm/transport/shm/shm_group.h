@@ -143,7 +143,15 @@ class ShmGroup {
   Header& header() const;
   Control& control(int i) const;
   bool all_arrived(uint64_t phase) const;
-  void spin_until_arrived(uint64_t phase);
+  // Spins briefly (oversubscribed: yields) until ready(), then sleeps on the epoch futex,
+  // calling check(liveness) before every sleep and expired() once the deadline passed.
+  template <class Ready, class Check, class Expired>
+  void wait_until(Ready&& ready, Check&& check, Expired&& expired);
+  void check_interrupt();
+  // Throws PeerError when local rank i aborted, or, while this rank waits for it
+  // (`waiting`), closed or (with `liveness`) died; `closed` and `died` end the messages.
+  void check_peer(int i, bool liveness, bool waiting, const std::string& closed,
+                  const std::string& died);
   void check_peers(uint64_t phase, bool liveness);
   void check_descriptors();
   void probe_cma(Store& store, const std::string& base);
@@ -159,8 +167,6 @@ class ShmGroup {
   // check_peer() finds, or TimeoutError at the operation's deadline.
   template <class Ready>
   void wait_for_peer(int i, Ready&& ready, const char* what);
-  // Throws when local rank i aborted, or closed or died while this rank waits for it.
-  void check_peer(int i, bool liveness, const char* what);
   [[noreturn]] void fail_timeout(uint64_t phase) const;
   std::string op_name() const;
   std::string rank_name(int local) const;
