@@ -19,7 +19,7 @@
 // collectives fail with a message naming both instead of exchanging wrong data.
 //
 // Point to point (send/recv between local ranks): every ordered pair of local ranks has
-// a byte stream in the segment, a ring of channel_bytes() that only the sender writes
+// a byte stream in the segment, a ring of channel_bytes_ that only the sender writes
 // and only the receiver reads, with a header before every message (length and number,
 // checked on receipt). A send returns once its last byte is in the ring, so a message
 // that fits needs no receiver yet; a longer one waits for the receiver to drain the
@@ -120,8 +120,6 @@ class ShmGroup {
 
   // Local index of communicator rank `rank`, or -1 when it is on another node.
   int local_of(int rank) const;
-  // Bytes of each point-to-point ring.
-  size_t channel_bytes() const { return channel_bytes_; }
   // Sends `len` bytes to local rank i, or receives exactly `len` bytes from it (a
   // message of another length is a PeerError naming both ranks and lengths).
   void send(int i, const void* data, size_t len);
@@ -193,7 +191,7 @@ class ShmGroup {
   std::string interrupt_reason_;
   bool left_ = false;
   bool cma_ = false;
-  size_t channel_bytes_ = 0;
+  size_t channel_bytes_ = 0;     // each point-to-point ring
   std::vector<uint64_t> sent_, received_;  // messages per local peer, point to point
   uint64_t probe_cookie_ = 0;   // read by the peers at set-up to try cross-memory attach
 };
