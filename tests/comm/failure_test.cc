@@ -188,16 +188,28 @@ TEST(Failure, ConsistencyCheckListsWhatEveryRankCalled) {
   }
 }
 
+// Options whose flight recorder writes to `dir` (emptied first) after a 1.5 s timeout,
+// and the trace that `rank` of communicator `comm_id` wrote there ("" when none).
+CommOptions traced_options(const std::string& dir, const std::string& comm_id) {
+  std::filesystem::remove_all(dir);
+  CommOptions o = test::test_options();
+  o.timeout = 1500ms;
+  o.trace_dir = dir;
+  o.comm_id = comm_id;
+  return o;
+}
+
+std::string read_trace(const std::string& dir, const std::string& comm_id, int rank) {
+  std::ifstream in(dir + "/chorus_trace_" + comm_id + "_rank" + std::to_string(rank) + ".json");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 // The flight recorder: on the timeout every rank writes its last operations to the
 // trace directory, and chorus-trace names the rank that had not called the collective
 // the others were waiting in.
 TEST(Failure, FlightRecorderAndChorusTraceNameTheRankBehind) {
   const std::string dir = ::testing::TempDir() + "chorus_trace_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  CommOptions o = test::test_options();
-  o.timeout = 1500ms;
-  o.trace_dir = dir;
-  o.comm_id = "traced";
+  CommOptions o = traced_options(dir, "traced");
   auto msgs = run_and_collect(3, o, [](Communicator& c) {
     std::vector<float> buf(1000, 1.0f);
     for (int i = 0; i < 2; ++i) c.allreduce(buf.data(), 1000, DataType::kFloat32, ReduceOp::kSum).wait();
@@ -210,8 +222,7 @@ TEST(Failure, FlightRecorderAndChorusTraceNameTheRankBehind) {
     EXPECT_FALSE(msgs[r].empty()) << "rank " << r;
     std::string file = dir + "/chorus_trace_traced_rank" + std::to_string(r) + ".json";
     ASSERT_TRUE(std::filesystem::exists(file)) << file;
-    std::ifstream in(file);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string text = read_trace(dir, "traced", r);
     EXPECT_TRUE(contains(text, "\"seq\":1,\"kind\":\"collective\",\"op\":\"allreduce\"")) << text;
     EXPECT_TRUE(contains(text, "\"state\":\"completed\"")) << text;
     EXPECT_TRUE(contains(text, "\"state\":\"failed\"")) << text;
@@ -235,11 +246,7 @@ TEST(Failure, FlightRecorderAndChorusTraceNameTheRankBehind) {
 // waited for it to do), and the flight recorder keeps the recv with its count and peer.
 TEST(Failure, RecvFromASilentPeerTimesOutNamingItAndIsRecorded) {
   const std::string dir = ::testing::TempDir() + "chorus_p2p_trace_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  CommOptions o = test::test_options();
-  o.timeout = 1500ms;
-  o.trace_dir = dir;
-  o.comm_id = "p2p";
+  CommOptions o = traced_options(dir, "p2p");
   auto msgs = run_and_collect(2, o, [](Communicator& c) {
     std::vector<float> buf(10, 1.0f);
     if (c.rank() == 0) {
@@ -254,8 +261,7 @@ TEST(Failure, RecvFromASilentPeerTimesOutNamingItAndIsRecorded) {
     EXPECT_TRUE(contains(msgs[1], "waiting in shared memory for rank 0 (host")) << msgs[1];
     EXPECT_TRUE(contains(msgs[1], ") to send")) << msgs[1];
   }
-  std::ifstream in(dir + "/chorus_trace_p2p_rank1.json");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_trace(dir, "p2p", 1);
   EXPECT_TRUE(contains(text, "\"kind\":\"p2p\",\"op\":\"recv\",\"dtype\":\"f32\",\"count\":10,\"peer\":0,"
                              "\"state\":\"failed\"")) << text;
   std::filesystem::remove_all(dir);
