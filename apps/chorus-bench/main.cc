@@ -37,8 +37,8 @@ using chorus::ReduceOp;
 
 constexpr int kRoot = 0;
 
-enum class Collective { kAllreduce, kBroadcast, kReduce, kAllgather, kReduceScatter,
-                        kAlltoall, kAlltoallv, kGather, kScatter, kSendRecv };
+enum class Collective { kAllreduce, kBroadcast, kReduce, kAllgather, kAllgatherv,
+                        kReduceScatter, kAlltoall, kAlltoallv, kGather, kScatter, kSendRecv };
 
 struct CollectiveInfo {
   Collective collective;
@@ -51,6 +51,8 @@ const std::map<std::string, CollectiveInfo> kCollectives = {
     {"broadcast", {Collective::kBroadcast, false, false}},
     {"reduce", {Collective::kReduce, true, false}},
     {"allgather", {Collective::kAllgather, false, true}},
+    // allgatherv with every count equal: allgather's data through the "v" path.
+    {"allgatherv", {Collective::kAllgatherv, false, true}},
     {"reduce_scatter", {Collective::kReduceScatter, true, true}},
     {"alltoall", {Collective::kAlltoall, false, true}},
     // alltoallv with every count equal: alltoall's data through the "v" path, which
@@ -231,6 +233,7 @@ struct Pattern {
       case Collective::kReduceScatter: return reduced<T>(rank * block + i);
       case Collective::kBroadcast: return input(kRoot, i);
       case Collective::kAllgather:
+      case Collective::kAllgatherv:
       case Collective::kGather: return input(static_cast<int>(i / block), i % block);
       case Collective::kScatter: return input(kRoot, rank * block + i);
       case Collective::kSendRecv: return input((rank + size - 1) % size, i);
@@ -287,7 +290,8 @@ Shape shape_of(const CollectiveInfo& info, size_t elements, int rank, int size) 
   }
   size_t block = elements / size, all = block * size;
   switch (info.collective) {
-    case Collective::kAllgather: return {all, block, block, all};
+    case Collective::kAllgather:
+    case Collective::kAllgatherv: return {all, block, block, all};
     case Collective::kGather: return {all, block, block, rank == kRoot ? all : 0};
     case Collective::kScatter: return {all, block, rank == kRoot ? all : 0, block};
     case Collective::kReduceScatter: return {all, block, all, block};
@@ -306,6 +310,10 @@ chorus::Work issue(Bench& b, const Shape& s) {
     case Collective::kBroadcast: return c.broadcast(in, out, s.count, t, kRoot);
     case Collective::kReduce: return c.reduce(in, out, s.count, t, op, kRoot);
     case Collective::kAllgather: return c.allgather(in, out, s.block, t);
+    case Collective::kAllgatherv: {
+      const std::vector<size_t> counts(static_cast<size_t>(c.size()), s.block);
+      return c.allgatherv(in, s.block, out, counts, {}, t);
+    }
     case Collective::kReduceScatter: return c.reduce_scatter(in, out, s.block, t, op);
     case Collective::kAlltoall: return c.alltoall(in, out, s.block, t);
     case Collective::kAlltoallv: {
@@ -355,6 +363,7 @@ double bus_factor(Collective c, int n) {
     case Collective::kAllreduce: return 2.0 * (n - 1) / n;
     case Collective::kReduceScatter:
     case Collective::kAllgather:
+    case Collective::kAllgatherv:
     case Collective::kAlltoall:
     case Collective::kAlltoallv: return static_cast<double>(n - 1) / n;
     default: return 1;

@@ -287,8 +287,9 @@ TEST(ProcessTest, WorldSizeWithoutRankFailsNamingBoth) {
 // memory, and over tcp as the tcp: copy (the ranks inherit CHORUS_TRANSPORT).
 TEST(ProcessTest, ChorusBenchChecksEveryCollective) {
   const std::string bench = std::string(CHORUS_BIN_DIR) + "/chorus-bench";
-  for (const char* op : {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
-                         "alltoall", "alltoallv", "gather", "scatter", "sendrecv"}) {
+  for (const char* op : {"allreduce", "broadcast", "reduce", "allgather", "allgatherv",
+                         "reduce_scatter", "alltoall", "alltoallv", "gather", "scatter",
+                         "sendrecv"}) {
     std::string out;
     const int rc = test::run_command(bench, {"--np", "3", "-o", op, "-b", "12", "-e", "196608", "-f", "4",
                                              "-n", "2", "-w", "1", "-c", "1", "--json"},
