@@ -1,5 +1,7 @@
 #include "comm/core/communicator_impl.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <numeric>
 #include <string_view>
@@ -183,6 +185,8 @@ void CommunicatorImpl::help(const WorkState& work) { run_queued(&work); }
 
 void CommunicatorImpl::progress_loop() {
   using Clock = std::chrono::steady_clock;
+  // Named for top -H, gdb and /proc/<pid>/task/*/comm (15 characters at most).
+  pthread_setname_np(pthread_self(), "chorus-progress");
   Clock::time_point last_active = Clock::now();
   while (true) {
     uint32_t seen = queue_signal_.load(std::memory_order_acquire);
