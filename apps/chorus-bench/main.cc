@@ -572,6 +572,8 @@ int launch_local_ranks(const Options& o, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Ranks run through /proc/self/exe (launch_local_ranks()), which the kernel names "exe".
+  prctl(PR_SET_NAME, "chorus-bench");
   Options options = parse_options(argc, argv);
   try {
     if (options.np > 0) return launch_local_ranks(options, argc, argv);

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <malloc.h>
+#include <sys/prctl.h>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -49,6 +50,10 @@ inline std::string openblas_core() {
 // (same pid, arguments and environment) with OPENBLAS_CORETYPE naming those kernels.
 // An OPENBLAS_CORETYPE that is already set is the user's choice and is kept.
 inline void prefer_native_blas_kernels(char** argv) {
+  // The kernel names a process after the file it runs: "exe" after the run through
+  // /proc/self/exe below, which ps -C, pgrep and top would then show.
+  const char* slash = std::strrchr(argv[0], '/');
+  prctl(PR_SET_NAME, slash != nullptr ? slash + 1 : argv[0]);
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr || openblas_core() != "Prescott") return;
   __builtin_cpu_init();
   const char* core = nullptr;
