@@ -17,6 +17,7 @@
 #include <future>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -544,16 +545,19 @@ TEST(ArgumentsTest, WaitWithTimeoutOnRunningOperation) {
   }, short_options());
 }
 
-// Voluntary context switches, summed over this process's threads named `name`.
-int64_t context_switches_of(const std::string& name) {
-  int64_t total = 0;
+// Voluntary context switches, summed over this process's threads named `name`; none
+// when no thread has that name.
+std::optional<int64_t> context_switches_of(const std::string& name) {
+  std::optional<int64_t> total;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
     std::ifstream comm(task.path() / "comm");
     std::string thread_name;
     if (!std::getline(comm, thread_name) || thread_name != name) continue;
     std::ifstream status(task.path() / "status");
     for (std::string line; std::getline(status, line);) {
-      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) total += std::stoll(line.substr(24));
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) {
+        total = total.value_or(0) + std::stoll(line.substr(24));
+      }
     }
   }
   return total;
@@ -566,19 +570,19 @@ int64_t context_switches_of(const std::string& name) {
 TEST(ArgumentsTest, ProgressThreadSleepsAfterAnOperationNobodyWaitedFor) {
   test::run_ranks(1, [&](Communicator& c) {
     std::vector<float> data(1000, 1.f);
-    Work work = c.allreduce(data.data(), data.size(), kF32, kSum);
     // is_completed() does not run the operation: the progress thread does.
     const auto deadline = Clock::now() + seconds(30);
-    while (!work.is_completed() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
-    ASSERT_TRUE(work.is_completed());
-    const int64_t before = context_switches_of("chorus-progress");
-    ASSERT_GT(before, 0) << "no thread named chorus-progress";
+    auto completes = [&](const Work& work) {
+      while (!work.is_completed() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
+      return work.is_completed();
+    };
+    ASSERT_TRUE(completes(c.allreduce(data.data(), data.size(), kF32, kSum)));
+    const std::optional<int64_t> before = context_switches_of("chorus-progress");
+    ASSERT_TRUE(before.has_value()) << "no thread named chorus-progress";
     std::this_thread::sleep_for(milliseconds(100));
-    EXPECT_LT(context_switches_of("chorus-progress") - before, 20);
+    EXPECT_LT(context_switches_of("chorus-progress").value_or(0) - *before, 20);
     // And it still wakes up for the next operation nobody waits for.
-    Work next = c.allreduce(data.data(), data.size(), kF32, kSum);
-    while (!next.is_completed() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
-    EXPECT_TRUE(next.is_completed());
+    EXPECT_TRUE(completes(c.allreduce(data.data(), data.size(), kF32, kSum)));
     EXPECT_EQ(data[0], 1.f);
   }, short_options());
 }
