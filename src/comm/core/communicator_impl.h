@@ -83,6 +83,7 @@ class CommunicatorImpl final : public Communicator,
     OpBody body;
     std::shared_ptr<WorkState> work;
     size_t trace_slot = 0;
+    std::chrono::steady_clock::time_point queued_at;  // by enqueue()
   };
 
   Work enqueue(const OpSpec& spec, OpBody body);
