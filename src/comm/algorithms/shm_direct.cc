@@ -3,21 +3,22 @@
 // chunks of at most one buffer, alternating between a rank's two buffers (see
 // shm_group.h for why that is safe); every chunk starts with "copy in, arrive, wait".
 //
-// allreduce: each rank copies in all of its chunk but its own slice, reduces its slice
-// from its own input and every other rank's buffer, in rank order, into its own
-// buffer, and after a second phase every rank copies all slices out. Every slice is computed by one rank,
-// so all ranks get the same bytes. Chunks of at most kSmallBytes skip the second phase:
-// every rank reduces the whole chunk itself, in the same order.
+// allreduce, two ranks (or small chunks, see kWholeBytes): each rank copies its chunk in
+// and, after one phase, reduces the whole chunk from every rank's buffer, in rank
+// order, into its output. All ranks add the same numbers in the same order, so all get
+// the same bytes. Chunks are half a buffer (kWholeChunkBytes), so that a rank's copy is
+// still in its cache when the peer reads it.
+// allreduce, more ranks: each rank copies in all of its chunk but its own slice,
+// reduces its slice from its own input and every other rank's buffer, in rank order,
+// into its own buffer, and after a second phase every rank copies all slices out. Every
+// slice is computed by one rank, so all ranks get the same bytes.
 //
-// Large allreduces where the ranks can read each other's memory (ShmGroup::cma()) skip
-// the segment: each rank reduces its slice from the ranks' own inputs (read with
-// process_vm_readv into cache-sized pieces) into its own output, then copies the other
-// slices from their owners' outputs straight into its own. Every byte crosses between
-// processes once instead of twice, and no rank copies its input anywhere. Broadcasts,
-// allgathers and reduce-scatters do the same from smaller sizes up: the other ranks read
-// the root's data, or each peer's block, straight into their outputs, or reduce their
-// block as the allreduce reduces its slice; so do reduces of up to a few MiB, on the
-// root. Gather, scatter, alltoall, alltoallv and allgatherv run here only that way.
+// Where the ranks can read each other's memory (ShmGroup::cma()), broadcasts,
+// allgathers and reduce-scatters skip the segment from small sizes up: the other ranks
+// read the root's data, or each peer's block, straight into their outputs (with
+// process_vm_readv), or reduce their block from the peers' inputs, read into
+// cache-sized pieces; so do reduces of up to 1 MiB, on the root. Gather, scatter,
+// alltoall, alltoallv and allgatherv run here only that way.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -36,18 +37,26 @@ namespace {
 using transport::shm::OpDesc;
 using transport::shm::ShmGroup;
 
-constexpr size_t kSmallBytes = 8 * 1024;
+// Allreduce chunks of up to this many bytes skip the second phase: every rank reduces
+// the whole chunk itself. With more ranks than cores (kWholeOversubscribedBytes) a phase
+// costs each core a switch between its ranks, and a second phase more than the extra
+// reductions. Measured with 4 ranks on 2 cores: 16 KiB 31.9 -> 18.2-21.1 us, 64 KiB
+// 41.2 -> 35.1-39.2 us; 256 KiB 88 -> 104-111 us (slower).
+constexpr size_t kWholeBytes = 8 * 1024;
+constexpr size_t kWholeOversubscribedBytes = 64 * 1024;
+// Two ranks reduce every chunk whole, whatever its size, in chunks of this many bytes.
+// Each rank reads its peer's whole chunk once, as it would read half the chunk and half
+// the result with slices, but with one phase per chunk instead of two and no writes to
+// lines the peer has just read. Measured against the sliced path (with cross-memory
+// attach from 256 KiB to 32 MiB), 2 ranks on this 2-core machine: 64 KiB 18.7 -> 14.8-15.4
+// us, 1 MiB 168 -> 109-122 us, 16 MiB 3277 -> 2508-2605 us, 256 MiB 49.8 -> 41.2 ms
+// (512 KiB chunks; 256 KiB: 51.2 ms, 1 MiB: 77.9 ms, when the chunk no longer stays in
+// the cache between the copy and the peer's read).
+constexpr size_t kWholeChunkBytes = 512 * 1024;
 // Results of at least this many bytes are written around the caches (streaming
 // stores): they would not fit anyway, and a normal store first reads every line it
 // writes, a third more memory traffic.
 constexpr size_t kStreamBytes = 64 * 1024 * 1024;
-// Allreduces from kCmaMinBytes up to below kCmaMaxBytes use cross-memory attach when it
-// is available. Below, the syscalls cost more than the copy they save; above, the data
-// comes from memory rather than the caches, and the kernel, which pins every page it
-// reads from the peer, then moves it more slowly (about 4 GB/s here) than the segment
-// path with its streaming stores.
-constexpr size_t kCmaMinBytes = 256 * 1024;
-constexpr size_t kCmaMaxBytes = 32 * 1024 * 1024;
 // Broadcasts, allgathers (by their result) and reduce-scatters (by their input) from
 // these sizes up read the root's or the peers' buffers with cross-memory attach when it
 // is available, at any size: one copy, through the kernel, against two through the
@@ -226,29 +235,9 @@ void read_blocks(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* ou
   if (own != in && counts[me] > 0) std::memmove(own, in, counts[me] * e);
 }
 
-// The allreduce through cross-memory attach (see the top of the file). Three phases:
-// buffers published (and descriptors compared); every slice reduced; every slice
-// copied. The last arrival tells the peers this rank no longer reads their buffers, and
-// a rank returns only when all have said so.
-void cma_allreduce(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* out,
-                   size_t count, bool avg) {
-  const size_t e = ctx.elem;
-  const int me = g.local_rank(), p = g.local_size();
-  const size_t mine = block_begin(count, p, me);
-  with_published_buffers(g, in, out, [&] {
-    cma_reduce_slice(ctx, g, in, out + mine * e, mine, block_count(count, p, me), avg);
-  });
-  for (int r = 0; r < p; ++r) {
-    if (r == me) continue;
-    const size_t from = block_begin(count, p, r), n = block_count(count, p, r);
-    g.read_peer(r, g.peer_out(r) + from * e, out + from * e, n * e);
-  }
-  g.arrive();
-  g.wait_all();
-}
-
-// Reduce-scatter through cross-memory attach: the first two phases of the allreduce,
-// this rank's slice going to `out`.
+// Reduce-scatter through cross-memory attach: this rank reduces its block from every
+// rank's input into `out`; the second phase keeps the peers' inputs unchanged until
+// every rank is done reading them.
 void cma_reduce_scatter(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* out,
                         size_t total, bool avg) {
   const int me = g.local_rank(), p = g.local_size();
@@ -296,19 +285,19 @@ void cma_allgather(const Context& ctx, ShmGroup& g, const uint8_t* in, uint8_t* 
 void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
                    bool avg) {
   if (count == 0) return;
-  const size_t e = ctx.elem, chunk = g.buffer_bytes() / e;
+  const size_t e = ctx.elem;
   const int me = g.local_rank();
+  const bool pair = g.local_size() == 2;
+  const size_t chunk = (pair ? std::min(g.buffer_bytes(), kWholeChunkBytes) : g.buffer_bytes()) / e;
+  const size_t whole_bytes = g.oversubscribed() ? kWholeOversubscribedBytes : kWholeBytes;
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   g.expect(describe(ctx, "allreduce", count));
-  if (g.cma() && count * e >= kCmaMinBytes && count * e < kCmaMaxBytes) {
-    return cma_allreduce(ctx, g, src, dst, count, avg);
-  }
   const bool stream = count * e >= kStreamBytes;
   for (size_t at = 0; at < count; at += chunk) {
     const size_t n = std::min(chunk, count - at);
     const int b = g.next_buffer();
-    if (n * e <= kSmallBytes) {
+    if (pair || n * e <= whole_bytes) {
       std::memcpy(g.buffer(me, b), src + at * e, n * e);
       g.arrive();
       g.wait_all();

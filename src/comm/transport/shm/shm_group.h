@@ -108,6 +108,8 @@ class ShmGroup {
 
   // Whether every local rank can read every other's memory (cross-memory attach).
   bool cma() const { return cma_; }
+  // Whether the node has more local ranks than cores (waits then yield, not spin).
+  bool oversubscribed() const { return oversubscribed_; }
   // Publishes this rank's input and output of the current operation; visible to the
   // peers after the next arrive().
   void publish_buffers(const void* in, void* out);
