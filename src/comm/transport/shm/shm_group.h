@@ -67,10 +67,11 @@ struct GroupConfig {
   int node = 0;                     // node index, for store keys
   size_t buffer_bytes = 1024 * 1024; // each of a rank's two buffers
   bool try_cma = true;              // try cross-memory attach (CHORUS_SHM_CMA=0: no)
-  // Also in groups of more than two ranks (CHORUS_SHM_CMA=all). Off by default: each
-  // rank then reads (p-1)/p of the data twice through the kernel, which pins every page
-  // it reads, against (2p-1)/p copied by the segment path, and with 4 ranks on this
-  // 2-core machine the segment path was 1.1-1.3x faster from 256 KiB to 16 MiB.
+  // Also in groups of more than two ranks (CHORUS_SHM_CMA=all). Off by default: a
+  // reduce-scatter rank then reads (p-1)/p of the data through the kernel, which pins
+  // every page it reads; measured on the allreduce (which then read through the kernel
+  // too), 4 ranks on a 2-core machine, the segment path was 1.1-1.3x faster from 256 KiB
+  // to 16 MiB.
   bool cma_any_size = false;
 };
 
