@@ -38,6 +38,12 @@ std::vector<std::string> our_segments() {
   return found;
 }
 
+// Rank r's element i of the reduction tests: in [1, 2], different on every rank, and
+// sums of several of them round in floating point.
+float value(size_t i, int r) {
+  return 1.0f + static_cast<float>((i * 2654435761u + 97u * r) % 1000) / 999.0f;
+}
+
 // Runs body(comm) on `size` rank threads, rank r with node_id node_of(r) ("" = real).
 void run_ranks(int size, CommOptions options, const std::function<std::string(int)>& node_of,
                const std::function<void(Communicator&)>& body) {
@@ -179,9 +185,6 @@ TEST(Shm, LargeAllreduceWithStreamingStoresIsExact) {
 // floating point where the order shows. Counts on either side of 8 KiB, of 64 KiB and
 // of a 512 KiB chunk, and several chunks with a partial last one.
 TEST(Shm, AllreduceGivesEveryRankTheRankOrderFold) {
-  auto value = [](size_t i, int r) {
-    return 1.0f + static_cast<float>((i * 2654435761u + 97u * r) % 1000) / 999.0f;
-  };
   const int more = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) + 1, 3, 8);
   const size_t kChunk = (512 << 10) / sizeof(float);
   const size_t counts[] = {1,          7,          2047,       2049,          16383,
@@ -270,10 +273,6 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
   const std::vector<size_t> counts = {2047,  2048,   8191,   8193,         (256 << 10) / 4 - 1,
                                       (256 << 10) / 4, 70001, 262143, 262144, (1 << 20) + 3};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
-  // Rank r's element i: in [1, 2], different on every rank.
-  auto value = [](size_t i, int r) {
-    return 1.0f + static_cast<float>((i * 2654435761u + 97u * r) % 1000) / 999.0f;
-  };
   std::map<std::string, std::vector<float>> results[2];
   for (int cma : {1, 0}) {
     setenv("CHORUS_SHM_CMA", cma ? "all" : "0", 1);  // 3 ranks: only `all` turns it on
