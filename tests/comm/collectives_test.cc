@@ -7,9 +7,10 @@
 // algorithm and test, reused across all of that test's cases; the large count
 // (2^20 + 3 elements, not divisible by any world size > 1) runs every dtype x op of
 // allreduce, but only f32, bf16 and i8 for the other collectives; with a forced
-// algorithm the large count runs only a few allreduce cases and f32 reduce_scatter and
-// allgather (the collectives the algorithms are defined for); the forced algorithms run
-// every collective on the small counts, where a wrong dispatch shows just as well.
+// algorithm the large count runs only a few allreduce cases, f32 reduce_scatter in sum
+// and avg, and f32 allgather (the collectives the algorithms are defined for); the
+// forced algorithms run every collective on the small counts, where a wrong dispatch
+// shows just as well.
 // CHORUS_SWEEP=quick (scripts/sanitize.sh, where everything runs 2-15x slower) makes the
 // large count 2^18 + 3 and runs it in f32 and sum only; the small counts still run
 // every dtype x op.
@@ -29,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -110,10 +112,15 @@ std::vector<Case> make_cases(const char* collective, int size, bool reducing, bo
                              const std::vector<DataType>& big_dtypes, int variants = 1) {
   std::vector<Case> cases;
   auto add = [&](Algorithm algorithm, DataType dtype, size_t count) {
-    const std::vector<ReduceOp> ops =
-        reducing && !(quick_sweep() && count == kBig)
-            ? std::vector<ReduceOp>(std::begin(kAllReduceOps), std::end(kAllReduceOps))
-            : std::vector<ReduceOp>{ReduceOp::kSum};
+    std::vector<ReduceOp> ops{ReduceOp::kSum};
+    if (reducing && count == kBig && algorithm != Algorithm::kAuto) {
+      // A forced algorithm on the large count: what differs from the automatic choice
+      // is how the data moves, not the reduction kernels (every op runs on the large
+      // count with kAuto); avg also divides once the sum is complete.
+      if (!quick_sweep()) ops.push_back(ReduceOp::kAvg);
+    } else if (reducing && !(quick_sweep() && count == kBig)) {
+      ops.assign(std::begin(kAllReduceOps), std::end(kAllReduceOps));
+    }
     for (ReduceOp op : ops) {
       for (int root : rooted ? roots_for(size) : std::vector<int>{0}) {
         for (bool in_place : has_in_place ? std::vector<bool>{false, true}
@@ -151,13 +158,69 @@ std::vector<Case> make_cases(const char* collective, int size, bool reducing, bo
 
 // ----- running -----
 
+// Blocks of 1 MiB and more go back to this pool (by exact size, shared by the rank
+// threads) instead of to the system. The large cases allocate up to 36 MiB per rank,
+// and fresh pages for every rank of every case cost more in page faults than the
+// collective itself (ReduceScatter/size8 took 21 s with fresh pages, 13.6 s with glibc
+// told to keep the memory). Not under AddressSanitizer, which must see every buffer
+// freed to catch a late write into it.
+class BlockPool {
+ public:
+  static constexpr size_t kMinBytes = size_t{1} << 20;
+  static constexpr size_t kMaxCachedBytes = size_t{2} << 30;
+
+  static BlockPool& instance() {
+    static BlockPool pool;
+    return pool;
+  }
+
+  std::unique_ptr<uint64_t[]> take(size_t words) {
+    if (pooled(words)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(words);
+      if (it != free_.end()) {
+        std::unique_ptr<uint64_t[]> block = std::move(it->second);
+        free_.erase(it);
+        cached_bytes_ -= words * 8;
+        return block;
+      }
+    }
+    return std::unique_ptr<uint64_t[]>(new uint64_t[words]);
+  }
+
+  void give(std::unique_ptr<uint64_t[]> block, size_t words) {
+    if (!block || !pooled(words)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_bytes_ + words * 8 > kMaxCachedBytes) return;  // freed
+    cached_bytes_ += words * 8;
+    free_.emplace(words, std::move(block));
+  }
+
+ private:
+  static bool pooled(size_t words) {
+#if defined(__SANITIZE_ADDRESS__)
+    return false;
+#else
+    return words * 8 >= kMinBytes;
+#endif
+  }
+
+  std::mutex mu_;
+  std::multimap<size_t, std::unique_ptr<uint64_t[]>> free_;
+  size_t cached_bytes_ = 0;
+};
+
 // A byte buffer initialised to the sentinel; data() is null when empty, so that count-0
 // cases pass null pointers (which the contract allows).
 class Buffer {
  public:
-  explicit Buffer(size_t bytes) : words_(new uint64_t[(bytes + 7) / 8]), bytes_(bytes) {
+  explicit Buffer(size_t bytes)
+      : words_(BlockPool::instance().take((bytes + 7) / 8)), bytes_(bytes) {
     if (bytes_ != 0) std::memset(words_.get(), test::kSentinelByte, bytes_);
   }
+  ~Buffer() { BlockPool::instance().give(std::move(words_), (bytes_ + 7) / 8); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
   uint8_t* data() { return bytes_ == 0 ? nullptr : reinterpret_cast<uint8_t*>(words_.get()); }
   size_t bytes() const { return bytes_; }
 
@@ -178,54 +241,80 @@ CommOptions sweep_options(Algorithm algorithm, int size) {
   return options;
 }
 
-// Runs every case on groups of `size` ranks (one group per algorithm) and reports each
-// failure with the case's name and the rank.
+// Runs every case on groups of `size` ranks (one group per algorithm; the cases of one
+// algorithm back to back, test::run_case_batches) and reports each failure with the
+// case's name and the rank.
 void run_sweep(int size, const std::vector<Case>& cases, const CaseFn& fn,
                bool identical_results = false) {
   std::map<Algorithm, std::unique_ptr<test::RankGroup>> groups;
-  int failed_cases = 0;
-  // CHORUS_SWEEP_VERBOSE=1 prints every case with its time (to find slow cases).
+  std::vector<std::vector<RankResult>> results(cases.size(), std::vector<RankResult>(size));
+  // CHORUS_SWEEP_VERBOSE=1 prints every case with rank 0's time in it (to find slow cases).
   const bool verbose = std::getenv("CHORUS_SWEEP_VERBOSE") != nullptr;
-  for (const Case& k : cases) {
-    auto& group = groups[k.algorithm];
-    if (!group) group = std::make_unique<test::RankGroup>(size, sweep_options(k.algorithm, size));
-    std::vector<RankResult> results(size);
+  std::vector<double> rank0_ms(cases.size(), 0.0);
+  int failed_cases = test::run_case_batches(
+      size, cases.size(),
+      [&](size_t begin) {
+        size_t end = begin;
+        while (end < cases.size() && cases[end].algorithm == cases[begin].algorithm) ++end;
+        return end;
+      },
+      [&](size_t begin, size_t end, std::vector<size_t>& at) {
+        auto& group = groups[cases[begin].algorithm];
+        if (!group) {
+          group = std::make_unique<test::RankGroup>(size,
+                                                    sweep_options(cases[begin].algorithm, size));
+        }
+        group->run(
+            [&](Communicator& comm) {
+              const int rank = comm.rank();
+              for (size_t i = begin; i < end; ++i) {
+                at[rank] = i;
+                const auto start = std::chrono::steady_clock::now();
+                fn(comm, cases[i], results[i][rank]);
+                if (rank == 0) {
+                  rank0_ms[i] = std::chrono::duration<double, std::milli>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count();
+                }
+              }
+            },
+            std::chrono::seconds(600));
+      },
+      [&](const std::vector<size_t>& at, const test::RankFailure& failure) {
+        std::ostringstream where;
+        for (int rank = 0; rank < size; ++rank) {
+          where << "\n  rank " << rank << " was in: " << cases[at[rank]].name();
+        }
+        ADD_FAILURE() << "size=" << size << ": a rank threw" << where.str() << "\n"
+                      << failure.what();
+      },
+      kMaxFailedCases);
+  for (size_t i = 0; i < cases.size() && failed_cases < kMaxFailedCases; ++i) {
+    const Case& k = cases[i];
+    if (verbose) std::printf("%8.2f ms  size=%d %s\n", rank0_ms[i], size, k.name().c_str());
     bool failed = false;
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      group->run([&](Communicator& comm) { fn(comm, k, results[comm.rank()]); });
-    } catch (const test::RankFailure& e) {
-      ADD_FAILURE() << "size=" << size << " " << k.name() << ": " << e.what();
-      failed = true;
-    }
-    if (verbose) {
-      std::printf("%8.2f ms  size=%d %s\n",
-                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                            start)
-                      .count(),
-                  size, k.name().c_str());
-    }
     for (int rank = 0; rank < size; ++rank) {
-      if (!results[rank].errors.empty()) {
+      if (!results[i][rank].errors.empty()) {
         ADD_FAILURE() << "size=" << size << " " << k.name() << " rank " << rank << ":\n"
-                      << results[rank].errors;
+                      << results[i][rank].errors;
         failed = true;
       }
     }
     if (identical_results && !failed) {
       for (int rank = 1; rank < size; ++rank) {
-        if (results[rank].checksum != results[0].checksum) {
+        if (results[i][rank].has_checksum && results[i][0].has_checksum &&
+            results[i][rank].checksum != results[i][0].checksum) {
           ADD_FAILURE() << "size=" << size << " " << k.name() << ": rank " << rank
                         << "'s result differs bitwise from rank 0's (checksum " << std::hex
-                        << results[rank].checksum << " vs " << results[0].checksum << ")";
+                        << results[i][rank].checksum << " vs " << results[i][0].checksum << ")";
           failed = true;
         }
       }
     }
-    if (failed && ++failed_cases >= kMaxFailedCases) {
-      ADD_FAILURE() << "stopping after " << failed_cases << " failed cases";
-      return;
-    }
+    if (failed) ++failed_cases;
+  }
+  if (failed_cases >= kMaxFailedCases) {
+    ADD_FAILURE() << "stopping after " << failed_cases << " failed cases";
   }
 }
 

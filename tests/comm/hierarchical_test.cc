@@ -173,6 +173,7 @@ struct Case {
 struct RankResult {
   std::string errors;
   uint64_t checksum = 0;
+  bool ran = false;  // the rank finished the case (a batch that threw stops its ranks)
   void expect(const std::string& what, const std::string& problem) {
     if (!problem.empty()) errors += what + ": " + problem + "\n";
   }
@@ -194,35 +195,51 @@ class Buffer {
   size_t bytes_;
 };
 
-// Runs every case on one group, reporting failures with the case and the rank.
+// Runs every case on one group, back to back (test::run_case_batches), reporting
+// failures with the case and the rank.
 void run_cases(const Layout& layout, const char* collective, const std::vector<Case>& cases,
                const CaseFn& fn, bool identical_results = false) {
   NodeGroup group(layout);
-  int failed_cases = 0;
-  for (const Case& k : cases) {
-    std::vector<RankResult> results(layout.size());
+  std::vector<std::vector<RankResult>> results(cases.size(),
+                                               std::vector<RankResult>(layout.size()));
+  int failed_cases = test::run_case_batches(
+      layout.size(), cases.size(), [&](size_t) { return cases.size(); },
+      [&](size_t begin, size_t end, std::vector<size_t>& at) {
+        group.run([&](Communicator& c) {
+          for (size_t i = begin; i < end; ++i) {
+            at[c.rank()] = i;
+            fn(c, cases[i], results[i][c.rank()]);
+            results[i][c.rank()].ran = true;
+          }
+        });
+      },
+      [&](const std::vector<size_t>& at, const test::RankFailure& failure) {
+        std::ostringstream where;
+        for (int r = 0; r < layout.size(); ++r) {
+          where << "\n  rank " << r << " was in: " << cases[at[r]].name(collective);
+        }
+        ADD_FAILURE() << layout.name << ": a rank threw" << where.str() << "\n" << failure.what();
+      },
+      kMaxFailedCases);
+  for (size_t i = 0; i < cases.size() && failed_cases < kMaxFailedCases; ++i) {
+    const std::string where = std::string(layout.name) + " " + cases[i].name(collective);
     bool failed = false;
-    const std::string where = std::string(layout.name) + " " + k.name(collective);
-    try {
-      group.run([&](Communicator& c) { fn(c, k, results[c.rank()]); });
-    } catch (const test::RankFailure& e) {
-      ADD_FAILURE() << where << ": " << e.what();
-      failed = true;
-    }
     for (int r = 0; r < layout.size(); ++r) {
-      if (!results[r].errors.empty()) {
-        ADD_FAILURE() << where << " rank " << r << ":\n" << results[r].errors;
+      const RankResult& result = results[i][r];
+      if (!result.errors.empty()) {
+        ADD_FAILURE() << where << " rank " << r << ":\n" << result.errors;
         failed = true;
       }
-      if (identical_results && !failed && results[r].checksum != results[0].checksum) {
+      if (identical_results && !failed && result.ran && results[i][0].ran &&
+          result.checksum != results[i][0].checksum) {
         ADD_FAILURE() << where << ": rank " << r << "'s result differs bitwise from rank 0's";
         failed = true;
       }
     }
-    if (failed && ++failed_cases >= kMaxFailedCases) {
-      ADD_FAILURE() << "stopping after " << failed_cases << " failed cases";
-      return;
-    }
+    if (failed) ++failed_cases;
+  }
+  if (failed_cases >= kMaxFailedCases) {
+    ADD_FAILURE() << "stopping after " << failed_cases << " failed cases";
   }
 }
 

@@ -130,6 +130,28 @@ std::vector<std::exception_ptr> run_threads(int size, const std::function<void(i
   return state->errors;
 }
 
+int run_case_batches(int size, size_t count, const std::function<size_t(size_t)>& batch_end,
+                     const std::function<void(size_t, size_t, std::vector<size_t>&)>& run_batch,
+                     const std::function<void(const std::vector<size_t>&, const RankFailure&)>&
+                         on_failure,
+                     int max_failures) {
+  int failures = 0;
+  size_t begin = 0;
+  while (begin < count && failures < max_failures) {
+    const size_t end = batch_end(begin);
+    std::vector<size_t> at(size, begin);
+    try {
+      run_batch(begin, end, at);
+      begin = end;
+    } catch (const RankFailure& failure) {
+      on_failure(at, failure);
+      ++failures;
+      begin = *std::max_element(at.begin(), at.end()) + 1;
+    }
+  }
+  return failures;
+}
+
 void rethrow_rank_failures(const std::vector<std::exception_ptr>& errors) {
   std::ostringstream roots, aborted;
   int failed = 0;

@@ -62,6 +62,23 @@ void rethrow_rank_failures(const std::vector<std::exception_ptr>& errors);
 // Text of an exception_ptr ("<no error>" for nullptr).
 std::string describe(const std::exception_ptr& error);
 
+// Sweeps of many cases run them back to back on the rank threads, batch by batch, each
+// collective following the last with no join in between (as in a real job, where ranks
+// drift apart between collectives): starting threads for every case cost more than the
+// small cases themselves (1.7 ms per case on 8 ranks, 3.7 ms under AddressSanitizer).
+//
+// run_batch(begin, end, at) runs cases [begin, end) on every rank, each rank keeping the
+// index of the case it is in at at[rank], and throws RankFailure when a rank failed.
+// run_case_batches runs cases [0, count), each batch ending at batch_end(begin). When a
+// batch fails, on_failure(at, failure) reports it (at: where every rank was) and the
+// next batch starts after the furthest case a rank reached. Stops after max_failures
+// failed batches; returns how many failed.
+int run_case_batches(int size, size_t count, const std::function<size_t(size_t)>& batch_end,
+                     const std::function<void(size_t, size_t, std::vector<size_t>&)>& run_batch,
+                     const std::function<void(const std::vector<size_t>&, const RankFailure&)>&
+                         on_failure,
+                     int max_failures);
+
 // `size` ranks as threads over a fresh InMemoryStore: each thread creates its
 // communicator with Communicator::create(store, rank, size, options) and runs body.
 // Throws RankFailure if any rank failed.
