@@ -101,13 +101,16 @@ unsigned test_seed() {
   return seed;
 }
 
-int scenario_count(int fallback) {
-  if (const char* s = std::getenv("CHORUS_FAULT_SCENARIOS")) {
+// A positive count from environment variable `name`, `fallback` when unset or not one.
+int count_from_env(const char* name, int fallback) {
+  if (const char* s = std::getenv(name)) {
     int n = std::atoi(s);
     if (n > 0) return n;
   }
   return fallback;
 }
+
+int scenario_count(int fallback) { return count_from_env("CHORUS_FAULT_SCENARIOS", fallback); }
 
 // Environment variables that would change how a worker starts or runs.
 const std::vector<std::string> kUnset = {
@@ -620,14 +623,7 @@ TEST(FaultNetwork, LinkCutMidAllreduceFailsWithinTheTimeout) {
 // CHORUS_SOAK_OPS=<n> changes the number (scripts/sanitize.sh: 2,500, where each soak
 // took 40-130 s instead of 3-4 s).
 
-int soak_ops() {
-  if (const char* s = std::getenv("CHORUS_SOAK_OPS")) {
-    int n = std::atoi(s);
-    if (n > 0) return n;
-  }
-  return 10000;
-}
-const int kSoakOps = soak_ops();
+const int kSoakOps = count_from_env("CHORUS_SOAK_OPS", 10000);
 constexpr size_t kSoakMaxBytes = size_t{1} << 20;  // largest buffer of one rank
 
 enum class Kind {
