@@ -241,6 +241,72 @@ TEST_P(ReduceSweep, MatchesReferenceBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, ReduceSweep, testing::ValuesIn(sweep_params()), sweep_name);
 
+// ----- many sources in one pass -----
+
+// reduce_many_function(dtype, op, isa) over k sources gives the bytes of the reference
+// applied k - 1 times, source after source (out = s0 op s1, then out = out op s_j), for
+// k from 2 to 9 and 17, every count of the sweep, an odd element offset, and with `out`
+// being s0 or s1 (the aliasing it allows); nothing is written outside `out`.
+class ReduceManySweep : public testing::TestWithParam<SweepParam> {};
+
+TEST_P(ReduceManySweep, MatchesReferenceSourceAfterSource) {
+  auto [isa, dtype] = GetParam();
+  if (!reduce_isa_supported(isa)) GTEST_SKIP() << reduce_isa_name(isa) << " is not supported here";
+  const size_t size = dtype_size(dtype);
+  constexpr int kMaxSources = 17;
+  std::mt19937_64 rng(static_cast<uint64_t>(dtype) * 7919 + 3);
+  // Each source near the one before, so that sums and products round.
+  std::vector<std::vector<uint8_t>> inputs;
+  for (int j = 0; j < kMaxSources; ++j) {
+    inputs.push_back(make_input(dtype, kMaxCount, rng, j == 0 ? nullptr : &inputs.back()));
+  }
+  int failed = 0;
+  for (ReduceOp op : kAllReduceOps) {
+    ReduceManyFn many = reduce_many_function(dtype, op, isa);
+    ReduceFn ref = reference_reduce_function(dtype, op);
+    ASSERT_NE(many, nullptr);
+    for (int k : {2, 3, 4, 5, 6, 7, 8, 9, kMaxSources}) {
+      for (size_t count : kCounts) {
+        const size_t bytes = count * size;
+        std::vector<uint8_t> expected(bytes + 1);
+        ref(expected.data(), inputs[0].data(), inputs[1].data(), count);
+        for (int j = 2; j < k; ++j) ref(expected.data(), expected.data(), inputs[j].data(), count);
+        for (int alias : {-1, 0, 1}) {  // out separate, out == s0, out == s1
+          const size_t offset = count % 2 == 1 ? size : 0;
+          std::vector<GuardedBuffer> sources;
+          sources.reserve(k);
+          for (int j = 0; j < k; ++j) {
+            sources.emplace_back(bytes, offset);
+            std::memcpy(sources.back().data(), inputs[j].data(), bytes);
+          }
+          GuardedBuffer separate(bytes, offset);
+          uint8_t* out = alias < 0 ? separate.data() : sources[alias].data();
+          std::vector<const void*> src;
+          for (auto& b : sources) src.push_back(b.data());
+          many(out, src.data(), k, count);
+          std::string where = std::string(reduce_isa_name(isa)) + " " + dtype_name(dtype) + " " +
+                              op_name(op) + ", " + std::to_string(k) + " sources, count " +
+                              std::to_string(count) +
+                              (alias < 0 ? "" : ", out == s" + std::to_string(alias)) + ": ";
+          bool intact = separate.guards_intact();
+          for (auto& b : sources) intact = intact && b.guards_intact();
+          size_t i = 0;
+          while (i < count && std::memcmp(out + i * size, expected.data() + i * size, size) == 0) ++i;
+          if (intact && i == count) continue;
+          ADD_FAILURE() << where
+                        << (!intact ? std::string("wrote outside its output")
+                                    : "element " + std::to_string(i) + " is " +
+                                          hex(out + i * size, size) + ", the reference gives " +
+                                          hex(expected.data() + i * size, size));
+          if (++failed >= kMaxFailedCases) return;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, ReduceManySweep, testing::ValuesIn(sweep_params()), sweep_name);
+
 // ----- f16 and bf16: every value -----
 
 class ReduceAllHalves : public testing::TestWithParam<ReduceIsa> {};

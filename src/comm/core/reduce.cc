@@ -221,11 +221,19 @@ ReduceIsa reduce_isa() {
   return isa;
 }
 
-ReduceFn reduce_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
+namespace {
+
+void require_supported(ReduceIsa isa) {
   if (!reduce_isa_supported(isa)) {
     throw InvalidArgumentError(std::string("reduction kernels: this CPU does not support ") +
                                reduce_isa_name(isa));
   }
+}
+
+}  // namespace
+
+ReduceFn reduce_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
+  require_supported(isa);
   switch (isa) {
     case ReduceIsa::kPortable: return reduce_internal::portable_kernel(dtype, op);
     case ReduceIsa::kAvx2: return reduce_internal::avx2_kernel(dtype, op);
@@ -234,8 +242,22 @@ ReduceFn reduce_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
   return nullptr;
 }
 
+ReduceManyFn reduce_many_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
+  require_supported(isa);
+  switch (isa) {
+    case ReduceIsa::kPortable: return reduce_internal::portable_many_kernel(dtype, op);
+    case ReduceIsa::kAvx2: return reduce_internal::avx2_many_kernel(dtype, op);
+    case ReduceIsa::kAvx512: return reduce_internal::avx512_many_kernel(dtype, op);
+  }
+  return nullptr;
+}
+
 ReduceFn reduce_function(DataType dtype, ReduceOp op) {
   return reduce_function(dtype, op, reduce_isa());
+}
+
+ReduceManyFn reduce_many_function(DataType dtype, ReduceOp op) {
+  return reduce_many_function(dtype, op, reduce_isa());
 }
 
 ReduceFn reference_reduce_function(DataType dtype, ReduceOp op) {

@@ -178,15 +178,19 @@ constexpr bool kFloating = std::is_base_of_v<Ps, Type> || std::is_base_of_v<Pd, 
 
 // One vector of results. Both inputs are loaded before the store, so `o` may alias
 // `x` or `y` exactly.
-template <class Type, class Op>
-TARGET_AVX2 void step(typename Type::Elem* o, const typename Type::Elem* x,
-                      const typename Type::Elem* y) {
-  auto u = Type::load(x), v = Type::load(y);
-  auto r = Op::apply(Type{}, u, v);
+template <class Type, class Op, class V>
+TARGET_AVX2 V combine(V u, V v) {
+  V r = Op::apply(Type{}, u, v);
   if constexpr (Op::kArithmetic && kFloating<Type>) {
     r = keep_nan(Type::kNanFrom == NanFrom::kA ? u : v, r);
   }
-  Type::store(o, r);
+  return r;
+}
+
+template <class Type, class Op>
+TARGET_AVX2 void step(typename Type::Elem* o, const typename Type::Elem* x,
+                      const typename Type::Elem* y) {
+  Type::store(o, combine<Type, Op>(Type::load(x), Type::load(y)));
 }
 
 // The last n < kLanes elements, through the same vector code on zero-padded copies, so
@@ -213,6 +217,10 @@ TARGET_AVX2 void reduce(void* out, const void* a, const void* b, size_t n) {
   if (i < n) step_partial<Type, Op>(o + i, x + i, y + i, n - i);
 }
 
+#define CHORUS_REDUCE_TARGET TARGET_AVX2
+#include "comm/core/reduce_many_loops.h"
+#undef CHORUS_REDUCE_TARGET
+
 struct Avx2 {
   using F32 = reduce_internal::F32;
   using F64 = reduce_internal::F64;
@@ -230,11 +238,18 @@ struct Avx2 {
   static ReduceFn kernel() {
     return reduce<Type, Op>;
   }
+  template <class Type, class Op>
+  static ReduceManyFn many() {
+    return reduce_many<Type, Op>;
+  }
 };
 
 }  // namespace
 
 ReduceFn avx2_kernel(DataType dtype, ReduceOp op) { return select_kernel<Avx2>(dtype, op); }
+ReduceManyFn avx2_many_kernel(DataType dtype, ReduceOp op) {
+  return select_kernel<Avx2, Many>(dtype, op);
+}
 
 }  // namespace chorus::reduce_internal
 
@@ -242,6 +257,7 @@ ReduceFn avx2_kernel(DataType dtype, ReduceOp op) { return select_kernel<Avx2>(d
 
 namespace chorus::reduce_internal {
 ReduceFn avx2_kernel(DataType, ReduceOp) { return nullptr; }
+ReduceManyFn avx2_many_kernel(DataType, ReduceOp) { return nullptr; }
 }  // namespace chorus::reduce_internal
 
 #endif

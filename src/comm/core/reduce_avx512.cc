@@ -14,9 +14,11 @@
 #include <type_traits>
 
 // GCC 12's AVX-512 intrinsics start from a deliberately undefined vector, which
-// -Wmaybe-uninitialized reports at every use (GCC bug 105593, fixed in later releases).
+// -Wmaybe-uninitialized reports at every use (GCC bug 105593, fixed in later releases);
+// where the use is inlined into a loop (reduce_many), as -Wuninitialized.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw")))
@@ -172,15 +174,19 @@ constexpr bool kFloating = std::is_base_of_v<Ps, Type> || std::is_base_of_v<Pd, 
 
 // One vector of results. Both inputs are loaded before the store, so `o` may alias
 // `x` or `y` exactly.
-template <class Type, class Op>
-TARGET_AVX512 void step(typename Type::Elem* o, const typename Type::Elem* x,
-                        const typename Type::Elem* y) {
-  auto u = Type::load(x), v = Type::load(y);
-  auto r = Op::apply(Type{}, u, v);
+template <class Type, class Op, class V>
+TARGET_AVX512 V combine(V u, V v) {
+  V r = Op::apply(Type{}, u, v);
   if constexpr (Op::kArithmetic && kFloating<Type>) {
     r = keep_nan(Type::kNanFrom == NanFrom::kA ? u : v, r);
   }
-  Type::store(o, r);
+  return r;
+}
+
+template <class Type, class Op>
+TARGET_AVX512 void step(typename Type::Elem* o, const typename Type::Elem* x,
+                        const typename Type::Elem* y) {
+  Type::store(o, combine<Type, Op>(Type::load(x), Type::load(y)));
 }
 
 // The last n < kLanes elements, through the same vector code on zero-padded copies, so
@@ -207,6 +213,10 @@ TARGET_AVX512 void reduce(void* out, const void* a, const void* b, size_t n) {
   if (i < n) step_partial<Type, Op>(o + i, x + i, y + i, n - i);
 }
 
+#define CHORUS_REDUCE_TARGET TARGET_AVX512
+#include "comm/core/reduce_many_loops.h"
+#undef CHORUS_REDUCE_TARGET
+
 struct Avx512 {
   using F32 = reduce_internal::F32;
   using F64 = reduce_internal::F64;
@@ -224,11 +234,18 @@ struct Avx512 {
   static ReduceFn kernel() {
     return reduce<Type, Op>;
   }
+  template <class Type, class Op>
+  static ReduceManyFn many() {
+    return reduce_many<Type, Op>;
+  }
 };
 
 }  // namespace
 
 ReduceFn avx512_kernel(DataType dtype, ReduceOp op) { return select_kernel<Avx512>(dtype, op); }
+ReduceManyFn avx512_many_kernel(DataType dtype, ReduceOp op) {
+  return select_kernel<Avx512, Many>(dtype, op);
+}
 
 }  // namespace chorus::reduce_internal
 
@@ -236,6 +253,7 @@ ReduceFn avx512_kernel(DataType dtype, ReduceOp op) { return select_kernel<Avx51
 
 namespace chorus::reduce_internal {
 ReduceFn avx512_kernel(DataType, ReduceOp) { return nullptr; }
+ReduceManyFn avx512_many_kernel(DataType, ReduceOp) { return nullptr; }
 }  // namespace chorus::reduce_internal
 
 #endif

@@ -21,35 +21,55 @@ namespace chorus::reduce_internal {
 ReduceFn portable_kernel(DataType dtype, ReduceOp op);
 ReduceFn avx2_kernel(DataType dtype, ReduceOp op);
 ReduceFn avx512_kernel(DataType dtype, ReduceOp op);
+ReduceManyFn portable_many_kernel(DataType dtype, ReduceOp op);
+ReduceManyFn avx2_many_kernel(DataType dtype, ReduceOp op);
+ReduceManyFn avx512_many_kernel(DataType dtype, ReduceOp op);
+
+// Which of an instruction set's kernels select_kernel() picks: the two-source ones
+// (Isa::kernel<Type, Op>()) or the many-source ones (Isa::many<Type, Op>()).
+struct Pairwise {
+  using Fn = ReduceFn;
+  template <class Isa, class Type, class Op> static Fn of() { return Isa::template kernel<Type, Op>(); }
+};
+struct Many {
+  using Fn = ReduceManyFn;
+  template <class Isa, class Type, class Op> static Fn of() { return Isa::template many<Type, Op>(); }
+};
 
 // The table of one instruction set, written once for all of them. `Isa` names its
-// element adapters (F32 ... I64) and operators (Sum ... Max), and makes the kernel of
-// an adapter and an operator with Isa::kernel<Type, Op>().
-template <class Isa, class Op>
-ReduceFn select_for_dtype(DataType dtype) {
+// element adapters (F32 ... I64) and operators (Sum ... Max), and makes the kernels of
+// an adapter and an operator with Isa::kernel<Type, Op>() and Isa::many<Type, Op>().
+template <class Isa, class Op, class Kind>
+typename Kind::Fn select_for_dtype(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: return Isa::template kernel<typename Isa::F32, Op>();
-    case DataType::kFloat64: return Isa::template kernel<typename Isa::F64, Op>();
-    case DataType::kFloat16: return Isa::template kernel<typename Isa::F16, Op>();
-    case DataType::kBFloat16: return Isa::template kernel<typename Isa::BF16, Op>();
-    case DataType::kInt8: return Isa::template kernel<typename Isa::I8, Op>();
-    case DataType::kUInt8: return Isa::template kernel<typename Isa::U8, Op>();
-    case DataType::kInt32: return Isa::template kernel<typename Isa::I32, Op>();
-    case DataType::kInt64: return Isa::template kernel<typename Isa::I64, Op>();
+    case DataType::kFloat32: return Kind::template of<Isa, typename Isa::F32, Op>();
+    case DataType::kFloat64: return Kind::template of<Isa, typename Isa::F64, Op>();
+    case DataType::kFloat16: return Kind::template of<Isa, typename Isa::F16, Op>();
+    case DataType::kBFloat16: return Kind::template of<Isa, typename Isa::BF16, Op>();
+    case DataType::kInt8: return Kind::template of<Isa, typename Isa::I8, Op>();
+    case DataType::kUInt8: return Kind::template of<Isa, typename Isa::U8, Op>();
+    case DataType::kInt32: return Kind::template of<Isa, typename Isa::I32, Op>();
+    case DataType::kInt64: return Kind::template of<Isa, typename Isa::I64, Op>();
   }
   return nullptr;
 }
 
-template <class Isa>
-ReduceFn select_kernel(DataType dtype, ReduceOp op) {
+template <class Isa, class Kind = Pairwise>
+typename Kind::Fn select_kernel(DataType dtype, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return select_for_dtype<Isa, typename Isa::Sum>(dtype);
-    case ReduceOp::kProd: return select_for_dtype<Isa, typename Isa::Prod>(dtype);
-    case ReduceOp::kMin: return select_for_dtype<Isa, typename Isa::Min>(dtype);
-    case ReduceOp::kMax: return select_for_dtype<Isa, typename Isa::Max>(dtype);
+    case ReduceOp::kAvg: return select_for_dtype<Isa, typename Isa::Sum, Kind>(dtype);
+    case ReduceOp::kProd: return select_for_dtype<Isa, typename Isa::Prod, Kind>(dtype);
+    case ReduceOp::kMin: return select_for_dtype<Isa, typename Isa::Min, Kind>(dtype);
+    case ReduceOp::kMax: return select_for_dtype<Isa, typename Isa::Max, Kind>(dtype);
   }
   return nullptr;
+}
+
+// The sources of a many-source kernel after the first `done` elements, as `Elem`s.
+template <class Elem>
+const Elem* source_at(const void* const* src, int j, size_t done) {
+  return static_cast<const Elem*>(src[j]) + done;
 }
 
 // ----- NaN payloads -----
@@ -140,6 +160,17 @@ struct Native {
   static T store(T v) { return v; }
 };
 
+// store(op(load(x), load(y))), NaN payloads pinned.
+template <class Type, class Op>
+typename Type::Elem scalar_step(typename Type::Elem x, typename Type::Elem y) {
+  auto u = Type::load(x), v = Type::load(y);
+  auto r = Op::apply(u, v);
+  if constexpr (Op::kArithmetic && std::is_floating_point_v<decltype(r)>) {
+    r = keep_nan(Type::kNanFrom == NanFrom::kA ? u : v, r);
+  }
+  return Type::store(r);
+}
+
 // out[i] = store(op(load(a[i]), load(b[i]))). Each element is read before its result
 // is written, so `out` may alias `a` or `b` exactly.
 template <class Type, class Op>
@@ -148,13 +179,21 @@ void scalar_reduce(void* out, const void* a, const void* b, size_t n) {
   Elem* o = static_cast<Elem*>(out);
   const Elem* x = static_cast<const Elem*>(a);
   const Elem* y = static_cast<const Elem*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = scalar_step<Type, Op>(x[i], y[i]);
+}
+
+// The many-source kernel of the scalar loop: each element through scalar_step() from
+// the first source to the last, rounded to Elem after each, as the pairwise calls are.
+template <class Type, class Op>
+void scalar_reduce_many(void* out, const void* const* src, int k, size_t n) {
+  using Elem = typename Type::Elem;
+  Elem* o = static_cast<Elem*>(out);
+  const Elem* x = static_cast<const Elem*>(src[0]);
+  const Elem* y = static_cast<const Elem*>(src[1]);
   for (size_t i = 0; i < n; ++i) {
-    auto u = Type::load(x[i]), v = Type::load(y[i]);
-    auto r = Op::apply(u, v);
-    if constexpr (Op::kArithmetic && std::is_floating_point_v<decltype(r)>) {
-      r = keep_nan(Type::kNanFrom == NanFrom::kA ? u : v, r);
-    }
-    o[i] = Type::store(r);
+    Elem r = scalar_step<Type, Op>(x[i], y[i]);
+    for (int j = 2; j < k; ++j) r = scalar_step<Type, Op>(r, static_cast<const Elem*>(src[j])[i]);
+    o[i] = r;
   }
 }
 

@@ -35,10 +35,16 @@ struct Portable {
   using Min = ScalarMin;
   using Max = ScalarMax;
   template <class Type, class Op> static ReduceFn kernel() { return scalar_reduce<Type, Op>; }
+  template <class Type, class Op> static ReduceManyFn many() {
+    return scalar_reduce_many<Type, Op>;
+  }
 };
 
 }  // namespace
 
 ReduceFn portable_kernel(DataType dtype, ReduceOp op) { return select_kernel<Portable>(dtype, op); }
+ReduceManyFn portable_many_kernel(DataType dtype, ReduceOp op) {
+  return select_kernel<Portable, Many>(dtype, op);
+}
 
 }  // namespace chorus::reduce_internal
