@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -179,16 +181,18 @@ TEST(Shm, LargeAllreduceWithStreamingStoresIsExact) {
   });
 }
 
-// Allreduce chunks reduced whole by every rank (two ranks at any size; more ranks for
-// small chunks, up to 64 KiB when they outnumber the cores) and by slices: every
-// element exact against the ranks' values folded in rank order, on every rank, in
-// floating point where the order shows. Counts on either side of 8 KiB, of 64 KiB and
-// of a 512 KiB chunk, and several chunks with a partial last one.
+// Allreduce chunks reduced whole by every rank (two ranks at any size, in 512 KiB
+// chunks; more ranks for small chunks, up to 32 KiB when they outnumber the cores) and
+// shared out in 32 KiB pieces (more ranks, 256 KiB chunks): every element exact against
+// the ranks' values folded in rank order, on every rank, in floating point where the
+// order shows. Counts on either side of 8 KiB, 32 KiB, 64 KiB (the one-pass reduction
+// of many sources), 256 KiB and 512 KiB, and several chunks with a partial last one.
 TEST(Shm, AllreduceGivesEveryRankTheRankOrderFold) {
   const int more = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) + 1, 3, 8);
   const size_t kChunk = (512 << 10) / sizeof(float);
-  const size_t counts[] = {1,          7,          2047,       2049,          16383,
-                           16385,      kChunk - 1, kChunk + 1, 3 * kChunk + 5};
+  const size_t counts[] = {1,          7,          2047,       2049,       8191,
+                           8193,       16383,      16385,      65535,      65537,
+                           kChunk - 1, kChunk + 1, 3 * kChunk + 5};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMax};
   for (int size : {2, more}) {
     SCOPED_TRACE("size " + std::to_string(size));
@@ -258,6 +262,161 @@ TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
     });
     test::rethrow_rank_failures(errors);
     for (int r = 0; r < k.size; ++r) EXPECT_EQ(on[r], k.expected) << "rank " << r;
+  }
+}
+
+// ----- shared work (ShmGroup::begin_work ... wait_work) -----
+
+// A group of `size` local ranks meeting in `store`, as a communicator's would.
+std::unique_ptr<transport::shm::ShmGroup> connect_group(Store& store, int rank, int size) {
+  transport::shm::GroupConfig config;
+  config.rank = rank;
+  for (int r = 0; r < size; ++r) {
+    config.members.push_back(r);
+    config.hosts.push_back("h" + std::to_string(r));
+  }
+  config.buffer_bytes = 64 * 1024;
+  config.try_cma = false;
+  std::string why_not;
+  auto group = transport::shm::ShmGroup::connect(store, config, why_not);
+  if (!group) throw std::runtime_error("shm group: " + why_not);
+  return group;
+}
+
+transport::OpInfo op_info(uint64_t seq, std::chrono::milliseconds timeout) {
+  transport::OpInfo op;
+  op.name = "allreduce";
+  op.seq = seq;
+  op.deadline = Deadline(timeout);
+  return op;
+}
+
+// Rounds of 0 to 65 pieces, each round after a phase as the allreduce runs them: every
+// piece is taken by exactly one rank, and once wait_work() returns every rank sees the
+// values all pieces wrote. World sizes 1 to 8, more ranks than this machine has cores.
+TEST(ShmGroupTest, SharedWorkHandsEveryPieceToOneRank) {
+  const size_t pieces_of_round[] = {1, 0, 3, 65, 2, 7, 1, 64, 5, 0, 33};
+  for (int size = 1; size <= 8; ++size) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    InMemoryStore store;
+    const size_t rounds = 40;
+    // Round k's piece i: how many ranks took it, and the value its taker wrote.
+    std::vector<std::vector<std::atomic<int>>> takers(rounds);
+    std::vector<std::vector<uint64_t>> written(rounds);
+    for (size_t k = 0; k < rounds; ++k) {
+      const size_t n = pieces_of_round[k % std::size(pieces_of_round)];
+      takers[k] = std::vector<std::atomic<int>>(n);
+      written[k].assign(n, 0);
+    }
+    std::vector<size_t> taken_by(size, 0);
+    auto errors = run_threads(size, [&](int rank) {
+      auto g = connect_group(store, rank, size);
+      for (size_t k = 0; k < rounds; ++k) {
+        g->begin(op_info(k + 1, std::chrono::seconds(20)));
+        g->arrive();
+        g->wait_all();
+        const size_t n = written[k].size();
+        g->begin_work(n);
+        for (int64_t i; (i = g->take_piece()) >= 0;) {
+          ASSERT_LT(static_cast<size_t>(i), n);
+          takers[k][i].fetch_add(1);
+          written[k][i] = (k << 32) | static_cast<uint64_t>(i);
+          ++taken_by[rank];
+          if (i % 3 == 0) std::this_thread::yield();  // let the others take some
+          g->finish_piece();
+        }
+        g->wait_work();
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(written[k][i], (k << 32) | i) << "round " << k << ", piece " << i << ", rank " << rank;
+        }
+      }
+      g->close();
+    });
+    test::rethrow_rank_failures(errors);
+    size_t total = 0;
+    for (size_t k = 0; k < rounds; ++k) {
+      total += takers[k].size();
+      for (size_t i = 0; i < takers[k].size(); ++i) {
+        EXPECT_EQ(takers[k][i].load(), 1) << "round " << k << ", piece " << i;
+      }
+    }
+    size_t counted = 0;
+    for (size_t t : taken_by) counted += t;
+    EXPECT_EQ(counted, total);
+  }
+}
+
+// A rank that holds a piece and does not finish it: the ranks waiting for the round
+// time out at their deadline naming it and what it was to do; one that aborts or
+// closes while holding it is a PeerError naming it. The holder is rank 1 of 3; the
+// others take the remaining pieces first.
+TEST(ShmGroupTest, PieceHolderThatStallsAbortsOrClosesIsNamed) {
+  enum class Holder { kStalls, kAborts, kCloses };
+  for (Holder holder : {Holder::kStalls, Holder::kAborts, Holder::kCloses}) {
+    SCOPED_TRACE("holder " + std::to_string(static_cast<int>(holder)));
+    InMemoryStore store;
+    std::atomic<bool> held{false};
+    std::vector<std::string> messages(3);
+    std::vector<std::vector<int>> awaited(3);
+    auto errors = run_threads(3, [&](int rank) {
+      auto g = connect_group(store, rank, 3);
+      g->begin(op_info(1, std::chrono::milliseconds(400)));
+      g->arrive();
+      g->wait_all();
+      g->begin_work(3);
+      if (rank == 1) {
+        ASSERT_GE(g->take_piece(), 0);
+        held = true;
+        if (holder == Holder::kAborts) {
+          g->abort("injected by the test");
+          return;
+        }
+        if (holder == Holder::kCloses) {
+          g->close();
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past the deadline
+        g->finish_piece();
+        g->wait_work();  // every piece is done by now
+        g->close();
+        return;
+      }
+      while (!held) std::this_thread::yield();
+      for (int64_t i; (i = g->take_piece()) >= 0;) g->finish_piece();
+      try {
+        g->wait_work();
+        messages[rank] = "<returned>";
+      } catch (const TimeoutError& e) {
+        messages[rank] = std::string("timeout: ") + e.what();
+        awaited[rank] = e.awaited_ranks();
+      } catch (const PeerError& e) {
+        messages[rank] = std::string("peer: ") + e.what();
+      }
+      g->close();
+    });
+    test::rethrow_rank_failures(errors);
+    for (int rank : {0, 2}) {
+      const std::string& m = messages[rank];
+      const std::string me = "rank " + std::to_string(rank) + " (host h" + std::to_string(rank) + ")";
+      EXPECT_NE(m.find("allreduce #1"), std::string::npos) << m;
+      EXPECT_NE(m.find(me), std::string::npos) << m;
+      EXPECT_NE(m.find("rank 1 (host h1)"), std::string::npos) << m;
+      switch (holder) {
+        case Holder::kStalls:
+          EXPECT_EQ(m.rfind("timeout: ", 0), 0u) << m;
+          EXPECT_NE(m.find("to finish its piece of the shared reduction"), std::string::npos) << m;
+          EXPECT_EQ(awaited[rank], std::vector<int>{1});
+          break;
+        case Holder::kAborts:
+          EXPECT_EQ(m.rfind("peer: ", 0), 0u) << m;
+          EXPECT_NE(m.find("aborted: injected by the test"), std::string::npos) << m;
+          break;
+        case Holder::kCloses:
+          EXPECT_EQ(m.rfind("peer: ", 0), 0u) << m;
+          EXPECT_NE(m.find("closed the communicator while it held a piece"), std::string::npos) << m;
+          break;
+      }
+    }
   }
 }
 

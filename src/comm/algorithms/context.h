@@ -46,6 +46,7 @@ struct Context {
   const Topology& topology;  // which ranks share a node
   ReduceOp op = ReduceOp::kSum;               // the reduction `reduce` implements
   transport::shm::ShmGroup* shm = nullptr;    // this node's ranks in shared memory, or null
+  ReduceManyFn reduce_many = nullptr;  // `reduce` over many sources in one pass, or null
 };
 
 // Element ranges of `count` split into `parts` nearly equal blocks (the first

@@ -8,10 +8,14 @@
 // order, into its output. All ranks add the same numbers in the same order, so all get
 // the same bytes. Chunks are half a buffer (kWholeChunkBytes), so that a rank's copy is
 // still in its cache when the peer reads it.
-// allreduce, more ranks: each rank copies in all of its chunk but its own slice,
-// reduces its slice from its own input and every other rank's buffer, in rank order,
-// into its own buffer, and after a second phase every rank copies all slices out. Every
-// slice is computed by one rank, so all ranks get the same bytes.
+// allreduce, more ranks: each rank copies its chunk in and, after one phase, the ranks
+// share the reduction out in pieces (ShmGroup's shared work): whichever rank runs takes
+// the next piece, reduces it from every rank's buffer, in rank order, into local rank
+// 0's buffer (in place: that piece is read by nobody else), and once every piece is
+// done, every rank copies the whole result out. Every piece is computed once, so all
+// ranks get the same bytes. With more ranks than cores, the ranks that hold the cores
+// do the reductions of those waiting for one, instead of each rank doing a share in
+// its turn.
 //
 // Where the ranks can read each other's memory (ShmGroup::cma()), broadcasts,
 // allgathers and reduce-scatters skip the segment from small sizes up: the other ranks
@@ -37,13 +41,19 @@ namespace {
 using transport::shm::OpDesc;
 using transport::shm::ShmGroup;
 
-// Allreduce chunks of up to this many bytes skip the second phase: every rank reduces
-// the whole chunk itself. With more ranks than cores (kWholeOversubscribedBytes) a phase
-// costs each core a switch between its ranks, and a second phase more than the extra
-// reductions. Measured with 4 ranks on 2 cores: 16 KiB 31.9 -> 18.2-21.1 us, 64 KiB
-// 41.2 -> 35.1-39.2 us; 256 KiB 88 -> 104-111 us (slower).
+// Allreduce chunks of up to this many bytes, in groups of more than two, are reduced
+// whole by every rank instead of shared out: no wait for the pieces, no copy out of the
+// result. With more ranks than cores (kWholeOversubscribedBytes) the ranks that wait for
+// a core cost a switch each anyway. Measured with 4 ranks on 2 cores (bound to them),
+// whole against shared: 8 KiB 9.3 against 11.7-12.0 us, 16 KiB 11.3 against 12.8-13.4
+// us, 32 KiB 14.9 against 16.3-16.7 us, 64 KiB 23.0 against 19.9-20.8 us (slower).
 constexpr size_t kWholeBytes = 8 * 1024;
-constexpr size_t kWholeOversubscribedBytes = 64 * 1024;
+constexpr size_t kWholeOversubscribedBytes = 32 * 1024;
+// Chunks of a shared reduction: the 4 ranks' copies of a 256 KiB chunk (1 MiB) stay in
+// the caches of 2 cores until the pieces are reduced; of a 1 MiB chunk they did not
+// (4 ranks on 2 cores: 1 MiB 267 us in 256 KiB chunks, 433 us in 1 MiB chunks; 4 MiB
+// 1107 against 1736 us).
+constexpr size_t kSharedChunkBytes = 256 * 1024;
 // Two ranks reduce every chunk whole, whatever its size, in chunks of this many bytes.
 // Each rank reads its peer's whole chunk once, as it would read half the chunk and half
 // the result with slices, but with one phase per chunk instead of two and no writes to
@@ -78,6 +88,15 @@ constexpr size_t kCmaReduceMaxBytes = 1024 * 1024;
 // its peers copy them without a system call; above, they read its buffer through the
 // kernel.
 constexpr size_t kAlltoallvSegmentBytes = 32 * 1024;
+// Reductions of up to this many bytes read all sources in one pass (ReduceManyFn); larger
+// ones one source after another, which was faster from 256 KiB up (4 sources, f32, two
+// of them written by the other core: 64 KiB 6.8 -> 5.4-5.5 us in one pass, 256 KiB 22.6
+// against 24.4 us, 1 MiB 109 against 115 us).
+constexpr size_t kManyMaxBytes = 64 * 1024;
+// A piece of a shared reduction: small enough that the ranks that run share a chunk
+// out evenly, large enough that taking it costs little against reducing it (16 KiB
+// pieces measured the same as 32 KiB ones, within noise, from 64 KiB to 4 MiB).
+constexpr size_t kSharedPieceBytes = 32 * 1024;
 // The pieces a rank reads its peers' inputs in: small enough to stay in cache between
 // the read and the reduction.
 constexpr size_t kCmaPieceBytes = 128 * 1024;
@@ -130,8 +149,26 @@ void reduce_all(const Context& ctx, const ShmGroup& g, int b, size_t at, size_t 
   auto source = [&](int r) -> const uint8_t* {
     return own != nullptr && r == g.local_rank() ? own : g.buffer(r, b) + off;
   };
-  ctx.reduce(dst, source(0), source(1), n);
-  for (int r = 2; r < g.local_size(); ++r) ctx.reduce(dst, dst, source(r), n);
+  const int p = g.local_size();
+  if (p == 2 || ctx.reduce_many == nullptr || n * ctx.elem > kManyMaxBytes) {
+    ctx.reduce(dst, source(0), source(1), n);
+    for (int r = 2; r < p; ++r) ctx.reduce(dst, dst, source(r), n);
+    return;
+  }
+  // In one pass over up to kManySources sources at a time; a further pass starts from
+  // the result so far, which is the same arithmetic in the same order.
+  constexpr int kManySources = 16;
+  const void* src[kManySources];
+  int k = 0;
+  for (int r = 0; r < p; ++r) {
+    if (k == kManySources) {
+      ctx.reduce_many(dst, src, k, n);
+      src[0] = dst;
+      k = 1;
+    }
+    src[k++] = source(r);
+  }
+  ctx.reduce_many(dst, src, k, n);
 }
 
 // Copies elements [0, n) of `src` to `dst` except [skip, skip + skip_n).
@@ -160,6 +197,24 @@ void reduce_own_slice(const Context& ctx, ShmGroup& g, int b, const uint8_t* in,
   reduce_all(ctx, g, b, mine, mine_n, slice, in + mine * e);
   average(ctx, slice, mine_n, avg);
   g.arrive();
+}
+
+// The reduction of the chunk in every rank's buffer b (n elements), shared out in
+// pieces among the ranks that run, into local rank 0's buffer b; returns once every
+// piece is done.
+const uint8_t* reduce_shared(const Context& ctx, ShmGroup& g, int b, size_t n, bool avg) {
+  const size_t e = ctx.elem;
+  const size_t piece = std::max<size_t>(1, kSharedPieceBytes / e);
+  uint8_t* result = g.buffer(0, b);
+  g.begin_work((n + piece - 1) / piece);
+  for (int64_t k; (k = g.take_piece()) >= 0;) {
+    const size_t at = static_cast<size_t>(k) * piece, m = std::min(piece, n - at);
+    reduce_all(ctx, g, b, at, m, result + at * e);
+    average(ctx, result + at * e, m, avg);
+    g.finish_piece();
+  }
+  g.wait_work();
+  return result;
 }
 
 // Every rank's slice of the chunk (n elements, buffer b), from its owner's buffer to
@@ -288,7 +343,8 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
   const size_t e = ctx.elem;
   const int me = g.local_rank();
   const bool pair = g.local_size() == 2;
-  const size_t chunk = (pair ? std::min(g.buffer_bytes(), kWholeChunkBytes) : g.buffer_bytes()) / e;
+  const size_t chunk =
+      std::min(g.buffer_bytes(), pair ? kWholeChunkBytes : kSharedChunkBytes) / e;
   const size_t whole_bytes = g.oversubscribed() ? kWholeOversubscribedBytes : kWholeBytes;
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
@@ -305,9 +361,12 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
       average(ctx, dst + at * e, n, avg);
       continue;
     }
-    reduce_own_slice(ctx, g, b, src + at * e, n, avg);
+    std::memcpy(g.buffer(me, b), src + at * e, n * e);
+    g.arrive();
     g.wait_all();
-    copy_slices(ctx, g, b, n, dst + at * e, stream);
+    const uint8_t* result = reduce_shared(ctx, g, b, n, avg);
+    if (stream) stream_copy(dst + at * e, result, n * e);
+    else std::memcpy(dst + at * e, result, n * e);
   }
   if (stream) stream_done();
 }

@@ -290,6 +290,7 @@ Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_
     agree.dtype = DataType::kInt32;
     agree.elem = 4;
     agree.reduce = reduce_function(DataType::kInt32, ReduceOp::kMin);
+    agree.reduce_many = nullptr;
     agree.average = false;
     alg::allreduce_recursive_doubling(agree, &first_bad, &first_bad, 1);
     if (first_bad != INT32_MAX) fail(first_bad);

@@ -285,6 +285,7 @@ void CommunicatorImpl::run(Op& op) {
                           topology_,
                           op.spec.op,
                           shm_.get()};
+  if (op.spec.reduces) ctx.reduce_many = reduce_many_function(op.spec.dtype, op.spec.op);
   if (recorder_.enabled()) recorder_.running(op.trace_slot);
   try {
     if (options_.check_consistency && op.spec.collective && size_ > 1) check_consistency(op);

@@ -27,7 +27,7 @@ namespace chorus::transport::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x6d68732d73756f68ULL;  // "hous-shm"
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kControlBytes = 1024;
 constexpr size_t kReasonBytes = 768;
@@ -133,11 +133,14 @@ struct ShmGroup::Header {
   uint64_t channel_bytes;
   alignas(64) uint32_t epoch;     // futex word: changes with every arrival and abort
   alignas(64) uint32_t sleepers;  // ranks asleep on `epoch`
+  alignas(64) uint64_t taken;     // shared work: pieces taken, in all rounds so far
+  alignas(64) uint64_t finished;  // shared work: pieces finished, in all rounds so far
 };
 
 struct ShmGroup::Control {
   alignas(64) uint64_t arrived;  // last phase this rank reached
   uint32_t cpu;                  // the CPU it ran on when it last arrived
+  uint64_t working;              // shared work: 1 + the ticket of the piece it holds; 0: none
   alignas(64) uint32_t state;    // State
   int32_t pid;
   OpDesc desc[2];                // by phase parity: a fast peer may publish the next one
@@ -445,6 +448,78 @@ void ShmGroup::wait_all() {
   }
 }
 
+void ShmGroup::begin_work(uint64_t pieces) {
+  work_begin_ = work_end_;
+  work_end_ = work_begin_ + pieces;
+}
+
+int64_t ShmGroup::take_piece() {
+  auto taken = atomic(header().taken);
+  uint64_t t = taken.load(std::memory_order_relaxed);
+  // Never past the round's end: the next round's tickets follow on, and a rank still
+  // in this round must not take one of them.
+  while (t < work_end_) {
+    if (taken.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      atomic(control(local_rank_).working).store(t + 1, std::memory_order_relaxed);
+      return static_cast<int64_t>(t - work_begin_);
+    }
+  }
+  return -1;
+}
+
+void ShmGroup::finish_piece() {
+  atomic(control(local_rank_).working).store(0, std::memory_order_relaxed);
+  // Release: whoever sees the count reach the round's end sees every piece's results
+  // (each increment continues the release sequence of the ones before it).
+  // Only the round's last piece wakes sleepers: the waiters wait for the round to end,
+  // and a wake-up per piece would have a woken rank take the core from the rank doing
+  // the work, only to find the round unfinished.
+  if (atomic(header().finished).fetch_add(1, std::memory_order_seq_cst) + 1 == work_end_) notify();
+}
+
+bool ShmGroup::work_done() const {
+  return atomic(header().finished).load(std::memory_order_seq_cst) >= work_end_;
+}
+
+void ShmGroup::wait_work() {
+  auto holds_piece = [&](int i) {
+    return atomic(control(i).working).load(std::memory_order_acquire) != 0;
+  };
+  wait_until([&] { return work_done(); },
+             [&](bool liveness) {
+               check_interrupt();
+               for (int i = 0; i < local_size_; ++i) {
+                 if (i == local_rank_) continue;
+                 try {
+                   // Only a rank that holds a piece is waited for. One that finished its
+                   // pieces may have left the operation and closed meanwhile: then the
+                   // round is done, which the check below sees.
+                   check_peer(i, liveness, holds_piece(i),
+                              "closed the communicator while it held a piece of shared work",
+                              "while it held a piece of shared work that this rank waited for");
+                 } catch (const PeerError&) {
+                   if (work_done()) return;
+                   throw;
+                 }
+               }
+             },
+             [&] {
+               std::vector<int> awaited;
+               for (int i = 0; i < local_size_; ++i) {
+                 if (holds_piece(i)) awaited.push_back(i);
+               }
+               fail_timeout_for(awaited, "finish its piece of the shared reduction");
+             },
+             [&](uint32_t cpu) {  // whether a rank holding a piece was last seen on `cpu`
+               for (int i = 0; i < local_size_; ++i) {
+                 if (holds_piece(i) && atomic(control(i).cpu).load(std::memory_order_relaxed) == cpu) {
+                   return true;
+                 }
+               }
+               return false;
+             });
+}
+
 void ShmGroup::check_interrupt() {
   if (interrupted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(interrupt_mutex_);
@@ -512,19 +587,27 @@ void ShmGroup::check_descriptors() {
 }
 
 void ShmGroup::fail_timeout(uint64_t phase) const {
+  std::vector<int> awaited;
+  for (int i = 0; i < local_size_; ++i) {
+    if (atomic(control(i).arrived).load() < phase) awaited.push_back(i);
+  }
+  fail_timeout_for(awaited, nullptr);
+}
+
+void ShmGroup::fail_timeout_for(const std::vector<int>& awaited, const char* what) const {
   std::ostringstream m;
   m << op_name() << " timed out on " << rank_name(local_rank_)
     << " waiting in shared memory for:";
-  std::vector<int> awaited;
-  for (int i = 0; i < local_size_; ++i) {
-    if (atomic(control(i).arrived).load() < phase) {
-      m << " " << rank_name(i) << ";";
-      awaited.push_back(config_.members[i]);
-    }
+  std::vector<int> ranks;
+  for (int i : awaited) {
+    m << " " << rank_name(i) << ";";
+    ranks.push_back(config_.members[i]);
   }
-  std::sort(awaited.begin(), awaited.end());
-  m << " (a peer is stopped, hung, or behind in a different operation)";
-  throw TimeoutError(m.str(), std::move(awaited));
+  std::sort(ranks.begin(), ranks.end());
+  m << " (";
+  if (what != nullptr) m << "to " << what << "; ";
+  m << "a peer is stopped, hung, or behind in a different operation)";
+  throw TimeoutError(m.str(), std::move(ranks));
 }
 
 std::string ShmGroup::op_name() const {

@@ -27,6 +27,14 @@
 // sender: a rank may send and leave. Waits are those of the phases (spin, then the
 // futex), and check only the one peer: it aborted, closed or died.
 //
+// Shared work: after a phase that every rank has passed, the ranks can share a round of
+// numbered pieces out (begin_work() with the same count on every rank): a rank takes the
+// next piece from a counter in the segment (take_piece()), whichever rank runs first, and
+// counts it done (finish_piece()); wait_work() returns once every piece of the round is
+// done. With more ranks than cores, the ranks that run do the work of those that wait
+// for a core, instead of every rank doing its own share after its turn. A rank that
+// dies or stops holding a piece is an error or a timeout naming it, as in a phase.
+//
 // Cross-memory attach: where the kernel lets the ranks read each other's memory
 // (process_vm_readv: same user, ptrace allowed; tried at set-up, and the ranks agree),
 // large collectives can read a peer's own input and output buffers directly, one copy
@@ -107,6 +115,16 @@ class ShmGroup {
   void arrive();
   void wait_all();
 
+  // Shared work (see above). Every rank calls begin_work(pieces) with the same count, in
+  // the same order, after a phase that all ranks passed and before any rank's next
+  // arrival. take_piece() returns the index of a piece nobody else got, or -1 when none
+  // is left; finish_piece() publishes the piece's results; wait_work() returns once
+  // every piece of the round is finished (their results visible).
+  void begin_work(uint64_t pieces);
+  int64_t take_piece();
+  void finish_piece();
+  void wait_work();
+
   // Whether every local rank can read every other's memory (cross-memory attach).
   bool cma() const { return cma_; }
   // Whether the node has more local ranks than cores (waits then yield, not spin).
@@ -171,6 +189,9 @@ class ShmGroup {
   template <class Ready>
   void wait_for_peer(int i, Ready&& ready, const char* what);
   [[noreturn]] void fail_timeout(uint64_t phase) const;
+  // TimeoutError naming the local ranks in `awaited`, waited for to `what` (or null).
+  [[noreturn]] void fail_timeout_for(const std::vector<int>& awaited, const char* what) const;
+  bool work_done() const;
   std::string op_name() const;
   std::string rank_name(int local) const;
 
@@ -180,6 +201,7 @@ class ShmGroup {
   uint8_t* data_ = nullptr;
   uint64_t phase_ = 0;
   uint64_t buffer_turn_ = 0;
+  uint64_t work_begin_ = 0, work_end_ = 0;  // the current round's pieces, as tickets
   OpInfo op_;
   OpDesc desc_;
   bool desc_pending_ = false;   // publish desc_ with the next arrival
