@@ -5,7 +5,10 @@
 // wrong elements), as a table or, with --json, as JSON lines. Ranks come from the
 // environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or --np N starts N local
 // ranks of this same program on 127.0.0.1 and supervises them; --nodes K then makes
-// them K simulated nodes (CHORUS_NODE_ID), for the hierarchical algorithms.
+// them K simulated nodes (CHORUS_NODE_ID), for the hierarchical algorithms. --np ranks
+// are bound to CPUs as chorusrun binds its workers (--cpu-bind, run/cpu_binding.h), by
+// their place among all the ranks on this machine, simulated nodes or not.
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -27,6 +30,7 @@
 
 #include "chorus/chorus.h"
 #include "comm/common/socket.h"
+#include "run/cpu_binding.h"
 
 namespace {
 
@@ -84,6 +88,7 @@ struct Options {
   int np = 0;                          // 0: ranks come from the environment
   int nodes = 0;                       // --np ranks as this many simulated nodes; 0: none
   int timeout_s = 900;                 // deadline of the whole --np run
+  chorus::run::CpuBind cpu_bind = chorus::run::CpuBind::kAuto;  // of --np ranks
   bool json = false;
 };
 
@@ -131,6 +136,11 @@ Options parse_options(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--timeout", o.timeout_s, "deadline of an --np run, seconds (default 900)")
       ->check(CLI::Range(1, 7 * 24 * 3600));
+  std::string cpu_bind = "auto";
+  app.add_option("--cpu-bind", cpu_bind,
+                 "with --np: bind the ranks to CPUs as chorusrun does: auto (only when they "
+                 "outnumber the CPUs), share, none")
+      ->check(parsed_by("POLICY", chorus::run::parse_cpu_bind));
   app.add_flag("--json", o.json, "print rows as JSON lines");
   try {
     app.parse(argc, argv);
@@ -144,6 +154,7 @@ Options parse_options(int argc, char** argv) {
   o.op = *chorus::parse_op(redop);
   o.dtype = *chorus::parse_dtype(dtype);
   o.check = check == 1;
+  o.cpu_bind = *chorus::run::parse_cpu_bind(cpu_bind);
   if (!algo.empty()) o.algorithm = kAlgorithms.at(algo);
   return o;
 }
@@ -478,8 +489,13 @@ Placement place(int rank, int size, int nodes) {
 // Forks and execs this program as rank `rank`. The launcher has no other thread, so
 // the child may call setenv() between fork and exec.
 pid_t spawn_rank(const std::vector<std::string>& args, int rank, int size, int nodes,
-                 uint16_t port) {
+                 uint16_t port, const std::vector<int>& cpus) {
   const Placement where = place(rank, size, nodes);
+  cpu_set_t cpu_set;
+  CPU_ZERO(&cpu_set);
+  for (int cpu : cpus) {
+    if (cpu < CPU_SETSIZE) CPU_SET(cpu, &cpu_set);
+  }
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -489,6 +505,8 @@ pid_t spawn_rank(const std::vector<std::string>& args, int rank, int size, int n
   if (pid > 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // no rank outlives the launcher
   if (getppid() != parent) _exit(1);
+  // As chorusrun: a binding the kernel refuses is skipped.
+  if (CPU_COUNT(&cpu_set) > 0) sched_setaffinity(0, sizeof cpu_set, &cpu_set);
   setenv("RANK", std::to_string(rank).c_str(), 1);
   setenv("LOCAL_RANK", std::to_string(where.local_rank).c_str(), 1);
   setenv("WORLD_SIZE", std::to_string(size).c_str(), 1);
@@ -558,9 +576,11 @@ int launch_local_ranks(const Options& o, int argc, char** argv) {
   uint16_t port = free_loopback_port();
   std::vector<std::string> args = child_args(argc, argv);
   std::vector<pid_t> pids;
+  const std::vector<int> allowed = chorus::run::allowed_cpus();
   for (int rank = 0; rank < o.np; ++rank) {
     try {
-      pids.push_back(spawn_rank(args, rank, o.np, o.nodes, port));
+      pids.push_back(spawn_rank(args, rank, o.np, o.nodes, port,
+                                chorus::run::cpus_for(o.cpu_bind, rank, o.np, allowed)));
     } catch (...) {
       kill_running(pids);
       throw;

@@ -49,6 +49,10 @@ constexpr OptionSpec kOptions[] = {
     {"local-addr", "ADDR", "", "address this node listens on; empty: chosen by route"},
     {"grace-period", "SECONDS", "5",
      "time from SIGTERM to SIGKILL when workers are stopped: 0..86400"},
+    {"cpu-bind", "auto|none|share", "auto",
+     "bind workers to CPUs: share: each its share of this launcher's CPUs\n"
+     "      (one each, in turn, when workers outnumber CPUs); none: no binding;\n"
+     "      auto: share only when workers outnumber CPUs"},
 };
 
 std::string member_name(const OptionSpec& spec) {
@@ -272,6 +276,11 @@ std::string to_nonempty(const Given& given, std::string_view allowed) {
   return given.text;
 }
 
+CpuBind to_cpu_bind(const Given& given) {
+  if (auto bind = parse_cpu_bind(given.text)) return *bind;
+  reject(given, "must be auto, none or share");
+}
+
 int to_nproc(const Given& given, int cpus) {
   if (given.text == "auto") return std::max(cpus, 1);
   return to_int(given, 1, kIntMax, "must be a whole number >= 1, or auto");
@@ -301,6 +310,7 @@ void convert_values(const GivenValues& given, int cpus, LaunchOptions& options) 
   options.local_addr = given.at("local_addr").text;
   options.grace_period = to_duration(given.at("grace_period"), 0, 86400,
                                      "must be a number of seconds from 0 to 86400");
+  options.cpu_bind = to_cpu_bind(given.at("cpu_bind"));
   for (const auto& [key, value] : given) options.source[key] = value.source;
 }
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "run/cpu_binding.h"
+
 namespace chorus::run {
 
 // A bad command line or option value. chorusrun prints what() and exits with code 2.
@@ -48,6 +50,7 @@ struct LaunchOptions {
   std::string local_addr;          // --local-addr: address this node listens on
                                    // (workers get CHORUS_IF_IP); empty: chosen by route
   std::chrono::milliseconds grace_period{5000};  // --grace-period SECONDS: SIGTERM..SIGKILL
+  CpuBind cpu_bind = CpuBind::kAuto;  // --cpu-bind auto|none|share (cpu_binding.h)
   std::string program;             // PROGRAM
   std::vector<std::string> program_args;  // ARGS...
   // Where each value came from, for messages: "--nnodes", "CHORUS_RUN_NNODES",

@@ -249,6 +249,7 @@ int run_job(const LaunchOptions& options_in) {
     for (int round = 0;; ++round) {
       if (!rdzv.ready(round, interrupted)) return 128 + stop_signal;
       std::vector<WorkerSpec> specs;
+      const std::vector<int> allowed = allowed_cpus();
       for (int l = 0; l < o.nproc_per_node; ++l) {
         WorkerSpec s;
         s.rank = o.node_rank * o.nproc_per_node + l;
@@ -256,6 +257,7 @@ int run_job(const LaunchOptions& options_in) {
         s.argv.push_back(o.program);
         s.argv.insert(s.argv.end(), o.program_args.begin(), o.program_args.end());
         s.env = worker_env(o, l, round, base, cpus);
+        s.cpus = cpus_for(o.cpu_bind, l, o.nproc_per_node, allowed);
         specs.push_back(std::move(s));
       }
       Attempt attempt(o, rdzv, signals, round);

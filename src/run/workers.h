@@ -37,6 +37,10 @@ struct WorkerSpec {
   int local_rank = 0;
   std::vector<std::string> argv;             // argv[0] is the program (PATH is searched)
   std::map<std::string, std::string> env;    // complete environment of the worker
+  // CPUs the worker is bound to (set before exec, inherited by its threads); empty: the
+  // launcher's affinity. A binding the kernel refuses (a CPU gone from the launcher's
+  // cpuset meanwhile) is skipped: it only helps speed.
+  std::vector<int> cpus;
 };
 
 struct OutputOptions {

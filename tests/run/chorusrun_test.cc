@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <regex>
 #include <set>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "comm/common/socket.h"
+#include "run/cpu_binding.h"
 #include "util/ranks.h"
 
 namespace chorus {
@@ -35,7 +37,8 @@ bool contains(const std::string& text, const std::string& needle) {
 const std::vector<std::string> kUnset = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
     "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "CHORUS_STORE_HOSTED", "CHORUS_JOB_TOKEN",
-    "CHORUS_RUN_NPROC_PER_NODE", "CHORUS_RUN_NNODES", "CHORUS_RUN_NODE_RANK"};
+    "CHORUS_RUN_NPROC_PER_NODE", "CHORUS_RUN_NNODES", "CHORUS_RUN_NODE_RANK",
+    "CHORUS_RUN_CPU_BIND"};
 
 std::unique_ptr<Subprocess> launcher(const std::vector<std::string>& args,
                                      std::map<std::string, std::string> env = {}) {
@@ -124,6 +127,38 @@ TEST(Chorusrun, StandalonePicksAFreePort) {
   ASSERT_TRUE(run->wait_for(120s)) << run->output_text();
   EXPECT_EQ(run->exit_code(), 0) << run->output_text();
   EXPECT_EQ(count(run->stdout_text(), "ok"), 3u) << run->output_text();
+}
+
+// More workers than CPUs: by default each is bound to one CPU, in turn; --cpu-bind none
+// leaves them the launcher's CPUs; share with one worker gives it all of them.
+TEST(Chorusrun, WorkersThatOutnumberTheCpusAreBoundInTurn) {
+  const std::vector<int> allowed = run::allowed_cpus();
+  ASSERT_FALSE(allowed.empty());
+  const int n = static_cast<int>(allowed.size()) + 1;
+  struct Case {
+    std::vector<std::string> bind;
+    int nproc;
+    std::function<std::string(int)> expected;
+  };
+  const Case cases[] = {
+      {{}, n, [&](int r) { return std::to_string(allowed[r % allowed.size()]); }},
+      {{"--cpu-bind", "none"}, n, [&](int) { return run::cpu_list(allowed); }},
+      {{"--cpu-bind", "share"}, 1, [&](int) { return run::cpu_list(allowed); }},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--standalone", "--nproc-per-node", std::to_string(c.nproc),
+                                     "--tee", "1"};
+    args.insert(args.end(), c.bind.begin(), c.bind.end());
+    args.insert(args.end(), {kScripted, "cpus"});
+    auto run = launcher(args);
+    ASSERT_TRUE(run->wait_for(120s)) << run->output_text();
+    ASSERT_EQ(run->exit_code(), 0) << run->output_text();
+    const std::string out = run->stdout_text();
+    for (int r = 0; r < c.nproc; ++r) {
+      EXPECT_TRUE(contains(out, "[rank " + std::to_string(r) + "]: cpus " + c.expected(r) + "\n"))
+          << "rank " << r << ", " << (c.bind.empty() ? "default" : c.bind[1]) << ":\n" << out;
+    }
+  }
 }
 
 TEST(Chorusrun, TwoNodesTwoWorkersEach) {

@@ -55,9 +55,10 @@ TEST(Options, DefaultsWhenOnlyTheProgramIsGiven) {
   EXPECT_EQ(o.redirects, Streams::kNone);
   EXPECT_EQ(o.local_addr, "");
   EXPECT_EQ(o.grace_period, milliseconds(5000));
+  EXPECT_EQ(o.cpu_bind, CpuBind::kAuto);
   EXPECT_EQ(o.program, "train");
   EXPECT_TRUE(o.program_args.empty());
-  EXPECT_EQ(o.source.size(), 14u);
+  EXPECT_EQ(o.source.size(), 15u);
   for (const auto& [key, source] : o.source) EXPECT_EQ(source, "default") << key;
 }
 
@@ -108,6 +109,7 @@ const OptionCase kOptionCases[] = {
      [](auto& o) { EXPECT_EQ(o.redirects, Streams::kStderr); }},
     {"local-addr", "127.0.0.2", {}, [](auto& o) { EXPECT_EQ(o.local_addr, "127.0.0.2"); }},
     {"grace-period", "1.5", {}, [](auto& o) { EXPECT_EQ(o.grace_period, milliseconds(1500)); }},
+    {"cpu-bind", "share", {}, [](auto& o) { EXPECT_EQ(o.cpu_bind, CpuBind::kShare); }},
 };
 
 class EveryOption : public testing::TestWithParam<OptionCase> {
@@ -370,6 +372,12 @@ const ErrorCase kErrorCases[] = {
     {"GraceNegative", {"--grace-period", "-0.5", "p"}, {"--grace-period -0.5:", "0 to 86400"}},
     {"GraceTooLong", {"--grace-period", "1e12", "p"}, {"--grace-period 1e12:"}},
     {"TeeFour", {"--tee", "4", "p"}, {"--tee 4:", "0 (none)", "3 (both)"}},
+    {"CpuBindWord", {"--cpu-bind", "cores", "p"}, {"--cpu-bind cores:", "auto, none or share"}},
+    {"CpuBindEmpty", {"--cpu_bind=", "p"}, {"--cpu-bind \"\":"}},
+    {"CpuBindVariable",
+     {"p"},
+     {"CHORUS_RUN_CPU_BIND=yes:", "auto, none or share"},
+     {{"CHORUS_RUN_CPU_BIND", "yes"}}},
     {"TeeWord", {"--tee", "both", "p"}, {"--tee both:"}},
     {"RedirectsNegative", {"--log-dir", "/l", "--redirects", "-1", "p"}, {"--redirects -1:"}},
     {"RedirectsWithoutLogDir", {"--redirects", "3", "p"}, {"--redirects 3:", "--log-dir"}},

@@ -266,6 +266,28 @@ TEST_F(WorkersTest, RedirectsWithoutALogDirectoryAreRejected) {
   EXPECT_THROW(WorkerGroup group(output), std::invalid_argument);
 }
 
+// A worker with WorkerSpec::cpus runs on those CPUs only, threads it starts included
+// (the affinity is set before exec); one without keeps the launcher's.
+TEST_F(WorkersTest, WorkersAreBoundToTheirCpus) {
+  const std::vector<int> allowed = allowed_cpus();
+  ASSERT_FALSE(allowed.empty());
+  WorkerGroup group(logs_only());
+  WorkerSpec bound = helper_spec(0, {"cpus"});
+  bound.cpus = {allowed.back()};
+  WorkerSpec unbound = helper_spec(1, {"cpus"});
+  group.start({bound, unbound});
+  auto exits = wait_all(group);
+  for (int rank : {0, 1}) ASSERT_FALSE(exits[rank].failed()) << exits[rank].describe();
+  auto first_line = [&](int rank) {
+    std::ifstream in(log_path(rank, "stdout"));
+    std::string line;
+    std::getline(in, line);
+    return line;
+  };
+  EXPECT_EQ(first_line(0), "cpus " + std::to_string(allowed.back()));
+  EXPECT_EQ(first_line(1), "cpus " + cpu_list(allowed));
+}
+
 TEST_F(WorkersTest, ExitCodeIsReported) {
   WorkerGroup group(logs_only());
   group.start({helper_spec(0, {"exit", "7"})});

@@ -10,6 +10,7 @@
 //   long-line BYTES   BYTES times 'x' and a newline on stdout
 //   env-dump          every environment entry on stdout, one a line
 //   fds               "fds" and the numbers of its open file descriptors on stdout
+//   cpus              "cpus" and its Cpus_allowed_list (from /proc/self/status) on stdout
 //   read-stdin        reads stdin to its end; "stdin N bytes" on stdout
 //   ignore-term       ignores SIGTERM from here on
 //   ignore-int        ignores SIGINT from here on
@@ -76,6 +77,21 @@ void list_fds() {
   write_all(1, line + "\n");
 }
 
+void list_cpus() {
+  int fd = ::open("/proc/self/status", O_RDONLY);
+  if (fd < 0) std::_Exit(91);
+  std::string status;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) status.append(buffer, static_cast<size_t>(n));
+  ::close(fd);
+  const std::string key = "Cpus_allowed_list:";
+  size_t at = status.find(key);
+  if (at == std::string::npos) std::_Exit(90);
+  at += key.size();
+  while (at < status.size() && (status[at] == ' ' || status[at] == '\t')) ++at;
+  write_all(1, "cpus " + status.substr(at, status.find('\n', at) - at) + "\n");
+}
+
 void read_stdin() {
   char buffer[4096];
   size_t total = 0;
@@ -120,6 +136,10 @@ int run_step(int argc, char** argv, int i) {
   }
   if (step == "fds") {
     list_fds();
+    return i + 1;
+  }
+  if (step == "cpus") {
+    list_cpus();
     return i + 1;
   }
   if (step == "read-stdin") {
