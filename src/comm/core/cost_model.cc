@@ -62,13 +62,16 @@ double best_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams&
 
 double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
 
-// Direct shared memory: copy in; small chunks every rank reduces whole; larger ones the
-// ranks share out in pieces (a phase and a wait for the pieces per chunk of at most
-// 256 KiB, a rank's share about n), and every rank copies the result out.
+// Direct shared memory: copy in; small chunks every rank reduces whole. Two ranks reduce
+// every chunk whole too (512 KiB chunks, one phase each); more share larger chunks out
+// in pieces (256 KiB chunks, a phase and a wait for the pieces each, a rank's share of
+// the reduction about n) and copy the result out.
 double shm_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
   if (n <= 8 * 1024) return p.shm_alpha_us + shm_copy_us(p, n) + reduce_us(p, (ranks - 1) * n);
-  const double shared_chunks = std::max(chunks(n, s), std::ceil(n / (256.0 * 1024)));
-  return 2 * shared_chunks * p.shm_alpha_us + shm_copy_us(p, 2 * n) + reduce_us(p, n);
+  const bool pair = ranks == 2;
+  const double chunk = std::min(static_cast<double>(s.shm_chunk), pair ? 512.0 * 1024 : 256.0 * 1024);
+  const double waits = (pair ? 1 : 2) * std::max(1.0, std::ceil(n / chunk));
+  return waits * p.shm_alpha_us + shm_copy_us(p, pair ? n : 2 * n) + reduce_us(p, n);
 }
 
 double shm_reduce_scatter(double n, const Shape& s, const CostParams& p) {
