@@ -508,6 +508,13 @@ void ShmGroup::wait_work() {
                for (int i = 0; i < local_size_; ++i) {
                  if (holds_piece(i)) awaited.push_back(i);
                }
+               // A rank that stopped between taking its piece and marking it held: any
+               // peer may be the one.
+               if (awaited.empty()) {
+                 for (int i = 0; i < local_size_; ++i) {
+                   if (i != local_rank_) awaited.push_back(i);
+                 }
+               }
                fail_timeout_for(awaited, "finish its piece of the shared reduction");
              },
              [&](uint32_t cpu) {  // whether a rank holding a piece was last seen on `cpu`
