@@ -5,8 +5,9 @@
 // Why: with more ranks on a node than CPUs, the kernel's load balancing can leave three
 // of four ranks on one of two CPUs for the whole run (it does not move a task that ran
 // within the last half millisecond), and every collective then waits for that CPU.
-// Measured with chorus-bench, allreduce of 64 KiB, 4 ranks on 2 CPUs: 37-47 us per
-// operation in runs where that happened against 25-27 us with the ranks bound.
+// Measured with chorus-bench, allreduce of 64 KiB, 4 ranks on 2 CPUs, two runs each
+// in the same minutes: 41.6 and 44.5 us per operation unbound, 27.0 and 27.6 us bound
+// (a traced unbound run as slow had three ranks on one CPU from start to end).
 #pragma once
 
 #include <cstdint>
