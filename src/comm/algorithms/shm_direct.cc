@@ -15,7 +15,10 @@
 // done, every rank copies the whole result out. Every piece is computed once, so all
 // ranks get the same bytes. With more ranks than cores, the ranks that hold the cores
 // do the reductions of those waiting for one, instead of each rank doing a share in
-// its turn.
+// its turn. With more than two ranks per core (kWholeCrowdedBytes), each rank copies in all of
+// its chunk but its own slice, reduces its slice from its own input and every other
+// rank's buffer, in rank order, into its own buffer, and after a second phase every
+// rank copies all slices out.
 //
 // Where the ranks can read each other's memory (ShmGroup::cma()), broadcasts,
 // allgathers and reduce-scatters skip the segment from small sizes up: the other ranks
@@ -49,6 +52,13 @@ using transport::shm::ShmGroup;
 // us, 32 KiB 14.9 against 16.3-16.7 us, 64 KiB 23.0 against 19.9-20.8 us (slower).
 constexpr size_t kWholeBytes = 8 * 1024;
 constexpr size_t kWholeOversubscribedBytes = 32 * 1024;
+// With more than two ranks per core (ShmGroup::crowded()) the shared reduction was
+// slower than slices, from 64 KiB to 256 KiB in one chunk (8 ranks on 2 cores: 64 KiB
+// 124 -> 151 us, 128 KiB 145 -> 290 us, 256 KiB 211 -> 457 us; 6 ranks: 256 KiB 148 ->
+// 259 us), and faster only from 512 KiB (8 ranks: 1 MiB 621 -> 575 us). Such groups
+// keep the sliced path, in buffer-sized chunks, with chunks of up to 64 KiB reduced
+// whole (8 ranks, 64 KiB: 124 us whole).
+constexpr size_t kWholeCrowdedBytes = 64 * 1024;
 // Chunks of a shared reduction: the 4 ranks' copies of a 256 KiB chunk (1 MiB) stay in
 // the caches of 2 cores until the pieces are reduced; of a 1 MiB chunk they did not
 // (4 ranks on 2 cores: 1 MiB 267 us in 256 KiB chunks, 433 us in 1 MiB chunks; 4 MiB
@@ -342,10 +352,12 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
   if (count == 0) return;
   const size_t e = ctx.elem;
   const int me = g.local_rank();
-  const bool pair = g.local_size() == 2;
+  const bool pair = g.local_size() == 2, sliced = g.crowded();
   const size_t chunk =
-      std::min(g.buffer_bytes(), pair ? kWholeChunkBytes : kSharedChunkBytes) / e;
-  const size_t whole_bytes = g.oversubscribed() ? kWholeOversubscribedBytes : kWholeBytes;
+      std::min(g.buffer_bytes(), pair ? kWholeChunkBytes : sliced ? g.buffer_bytes() : kSharedChunkBytes) / e;
+  const size_t whole_bytes = sliced ? kWholeCrowdedBytes
+                             : g.oversubscribed() ? kWholeOversubscribedBytes
+                                                  : kWholeBytes;
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   g.expect(describe(ctx, "allreduce", count));
@@ -359,6 +371,12 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
       g.wait_all();
       reduce_all(ctx, g, b, 0, n, dst + at * e);
       average(ctx, dst + at * e, n, avg);
+      continue;
+    }
+    if (sliced) {
+      reduce_own_slice(ctx, g, b, src + at * e, n, avg);
+      g.wait_all();
+      copy_slices(ctx, g, b, n, dst + at * e, stream);
       continue;
     }
     std::memcpy(g.buffer(me, b), src + at * e, n * e);

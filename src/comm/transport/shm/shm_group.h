@@ -129,6 +129,8 @@ class ShmGroup {
   bool cma() const { return cma_; }
   // Whether the node has more local ranks than cores (waits then yield, not spin).
   bool oversubscribed() const { return oversubscribed_; }
+  // Whether the node has more than two local ranks per core.
+  bool crowded() const { return crowded_; }
   // Publishes this rank's input and output of the current operation; visible to the
   // peers after the next arrive().
   void publish_buffers(const void* in, void* out);
@@ -209,6 +211,7 @@ class ShmGroup {
   // More local ranks than cores: a spinning rank would take the core from the one it
   // waits for, so waits yield instead of spinning.
   bool oversubscribed_ = false;
+  bool crowded_ = false;
   static constexpr int kSpins = 20000;
   static constexpr int kOversubscribedYields = 64;
   // Pauses (about 19 ns each here) an oversubscribed waiter spins before each yield
