@@ -15,10 +15,10 @@
 // done, every rank copies the whole result out. Every piece is computed once, so all
 // ranks get the same bytes. With more ranks than cores, the ranks that hold the cores
 // do the reductions of those waiting for one, instead of each rank doing a share in
-// its turn. With more than two ranks per core (kWholeCrowdedBytes), each rank copies in all of
-// its chunk but its own slice, reduces its slice from its own input and every other
-// rank's buffer, in rank order, into its own buffer, and after a second phase every
-// rank copies all slices out.
+// its turn. With more than two ranks per core (see kWholeCrowdedBytes for why), each
+// rank copies in all of its chunk but its own slice, reduces its slice from its own
+// input and every other rank's buffer, in rank order, into its own buffer, and after a
+// second phase every rank copies all slices out.
 //
 // Where the ranks can read each other's memory (ShmGroup::cma()), broadcasts,
 // allgathers and reduce-scatters skip the segment from small sizes up: the other ranks
