@@ -353,8 +353,10 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
   const size_t e = ctx.elem;
   const int me = g.local_rank();
   const bool pair = g.local_size() == 2, sliced = g.crowded();
-  const size_t chunk =
-      std::min(g.buffer_bytes(), pair ? kWholeChunkBytes : sliced ? g.buffer_bytes() : kSharedChunkBytes) / e;
+  size_t chunk_bytes = g.buffer_bytes();
+  if (pair) chunk_bytes = std::min(chunk_bytes, kWholeChunkBytes);
+  else if (!sliced) chunk_bytes = std::min(chunk_bytes, kSharedChunkBytes);
+  const size_t chunk = chunk_bytes / e;
   const size_t whole_bytes = sliced ? kWholeCrowdedBytes
                              : g.oversubscribed() ? kWholeOversubscribedBytes
                                                   : kWholeBytes;
@@ -365,15 +367,8 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
   for (size_t at = 0; at < count; at += chunk) {
     const size_t n = std::min(chunk, count - at);
     const int b = g.next_buffer();
-    if (pair || n * e <= whole_bytes) {
-      std::memcpy(g.buffer(me, b), src + at * e, n * e);
-      g.arrive();
-      g.wait_all();
-      reduce_all(ctx, g, b, 0, n, dst + at * e);
-      average(ctx, dst + at * e, n, avg);
-      continue;
-    }
-    if (sliced) {
+    const bool whole = pair || n * e <= whole_bytes;
+    if (sliced && !whole) {
       reduce_own_slice(ctx, g, b, src + at * e, n, avg);
       g.wait_all();
       copy_slices(ctx, g, b, n, dst + at * e, stream);
@@ -382,6 +377,11 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
     std::memcpy(g.buffer(me, b), src + at * e, n * e);
     g.arrive();
     g.wait_all();
+    if (whole) {
+      reduce_all(ctx, g, b, 0, n, dst + at * e);
+      average(ctx, dst + at * e, n, avg);
+      continue;
+    }
     const uint8_t* result = reduce_shared(ctx, g, b, n, avg);
     if (stream) stream_copy(dst + at * e, result, n * e);
     else std::memcpy(dst + at * e, result, n * e);
