@@ -8,7 +8,6 @@
 // them K simulated nodes (CHORUS_NODE_ID), for the hierarchical algorithms. --np ranks
 // are bound to CPUs as chorusrun binds its workers (--cpu-bind, run/cpu_binding.h), by
 // their place among all the ranks on this machine, simulated nodes or not.
-#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -491,11 +490,7 @@ Placement place(int rank, int size, int nodes) {
 pid_t spawn_rank(const std::vector<std::string>& args, int rank, int size, int nodes,
                  uint16_t port, const std::vector<int>& cpus) {
   const Placement where = place(rank, size, nodes);
-  cpu_set_t cpu_set;
-  CPU_ZERO(&cpu_set);
-  for (int cpu : cpus) {
-    if (cpu < CPU_SETSIZE) CPU_SET(cpu, &cpu_set);
-  }
+  const chorus::run::CpuMask mask(cpus);
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -505,8 +500,7 @@ pid_t spawn_rank(const std::vector<std::string>& args, int rank, int size, int n
   if (pid > 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // no rank outlives the launcher
   if (getppid() != parent) _exit(1);
-  // As chorusrun: a binding the kernel refuses is skipped.
-  if (CPU_COUNT(&cpu_set) > 0) sched_setaffinity(0, sizeof cpu_set, &cpu_set);
+  mask.apply();
   setenv("RANK", std::to_string(rank).c_str(), 1);
   setenv("LOCAL_RANK", std::to_string(where.local_rank).c_str(), 1);
   setenv("WORLD_SIZE", std::to_string(size).c_str(), 1);

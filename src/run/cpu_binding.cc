@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <memory>
+#include <new>
 
 namespace chorus::run {
 
@@ -70,6 +71,20 @@ std::string cpu_list(const std::vector<int>& cpus) {
     i = j + 1;
   }
   return out;
+}
+
+CpuMask::CpuMask(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  const int count = *std::max_element(cpus.begin(), cpus.end()) + 1;
+  bytes_ = CPU_ALLOC_SIZE(count);
+  set_.reset(CPU_ALLOC(count), [](cpu_set_t* set) { CPU_FREE(set); });
+  if (!set_) throw std::bad_alloc();
+  CPU_ZERO_S(bytes_, set_.get());
+  for (int cpu : cpus) CPU_SET_S(cpu, bytes_, set_.get());
+}
+
+void CpuMask::apply() const {
+  if (set_) sched_setaffinity(0, bytes_, set_.get());
 }
 
 }  // namespace chorus::run

@@ -10,7 +10,10 @@
 // (a traced unbound run as slow had three ranks on one CPU from start to end).
 #pragma once
 
+#include <sched.h>
+
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,5 +47,22 @@ std::vector<int> cpus_for(CpuBind bind, int local_rank, int local_size,
 
 // "0-3,8,10-11" for ascending `cpus`.
 std::string cpu_list(const std::vector<int>& cpus);
+
+// A set of CPUs to bind a child process to: made before fork() (it allocates), applied
+// in the child between fork and exec, where only async-signal-safe calls are allowed.
+class CpuMask {
+ public:
+  // Empty `cpus` (or none): apply() leaves the affinity as it is. Throws std::bad_alloc.
+  CpuMask() = default;
+  explicit CpuMask(const std::vector<int>& cpus);
+  // Binds the calling thread (in a child before exec: the whole worker, whose threads
+  // inherit it). A binding the kernel refuses (a CPU gone from the launcher's cpuset
+  // meanwhile) is skipped: it only helps speed.
+  void apply() const;
+
+ private:
+  std::shared_ptr<cpu_set_t> set_;
+  size_t bytes_ = 0;
+};
 
 }  // namespace chorus::run

@@ -11,7 +11,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -24,8 +23,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <memory>
-#include <new>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -165,9 +162,7 @@ struct ExecPlan {
   int error_fd = -1;  // CLOEXEC pipe: receives errno when exec fails
   pid_t launcher = 0;
   int max_fd = 0;  // for the close_range() fallback
-  // WorkerSpec::cpus as a CPU mask of cpu_set_bytes, or null.
-  std::shared_ptr<cpu_set_t> cpu_set;
-  size_t cpu_set_bytes = 0;
+  CpuMask cpus;  // WorkerSpec::cpus
 };
 
 ExecPlan make_plan(const WorkerSpec& spec) {
@@ -179,14 +174,7 @@ ExecPlan make_plan(const WorkerSpec& spec) {
   plan.argv.push_back(nullptr);
   plan.envp.push_back(nullptr);
   plan.launcher = getpid();
-  if (!spec.cpus.empty()) {
-    const int count = *std::max_element(spec.cpus.begin(), spec.cpus.end()) + 1;
-    plan.cpu_set_bytes = CPU_ALLOC_SIZE(count);
-    plan.cpu_set.reset(CPU_ALLOC(count), [](cpu_set_t* set) { CPU_FREE(set); });
-    if (!plan.cpu_set) throw std::bad_alloc();
-    CPU_ZERO_S(plan.cpu_set_bytes, plan.cpu_set.get());
-    for (int cpu : spec.cpus) CPU_SET_S(cpu, plan.cpu_set_bytes, plan.cpu_set.get());
-  }
+  plan.cpus = CpuMask(spec.cpus);
   rlimit limit{};
   plan.max_fd = getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
                     ? static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20))
@@ -225,7 +213,7 @@ void close_other_fds(const ExecPlan& plan) {
   if (dup2(plan.stdin_fd, 0) < 0 || dup2(plan.stdout_fd, 1) < 0 || dup2(plan.stderr_fd, 2) < 0)
     child_fail(plan, errno);
   close_other_fds(plan);
-  if (plan.cpu_set) sched_setaffinity(0, plan.cpu_set_bytes, plan.cpu_set.get());  // see WorkerSpec
+  plan.cpus.apply();
   reset_signals();  // last: signals were blocked by the parent around fork()
   execvpe(plan.argv[0], plan.argv.data(), plan.envp.data());
   child_fail(plan, errno);

@@ -230,6 +230,26 @@ TEST(Shm, AllreduceGivesEveryRankTheRankOrderFold) {
   }
 }
 
+// A group of `size` local ranks meeting in `store`, as a communicator's would, trying
+// cross-memory attach as told.
+std::unique_ptr<transport::shm::ShmGroup> connect_group(Store& store, int rank, int size,
+                                                        bool try_cma = false,
+                                                        bool cma_any_size = false) {
+  transport::shm::GroupConfig config;
+  config.rank = rank;
+  for (int r = 0; r < size; ++r) {
+    config.members.push_back(r);
+    config.hosts.push_back("h" + std::to_string(r));
+  }
+  config.buffer_bytes = 64 * 1024;
+  config.try_cma = try_cma;
+  config.cma_any_size = cma_any_size;
+  std::string why_not;
+  auto group = transport::shm::ShmGroup::connect(store, config, why_not);
+  if (!group) throw std::runtime_error("shm group: " + why_not);
+  return group;
+}
+
 // The ranks agree on cross-memory attach: on when every rank can read every other's
 // memory, off everywhere when any rank is told not to try (CHORUS_SHM_CMA=0 on one).
 // Groups of more than two use it only when every rank allows any size (=all).
@@ -251,18 +271,8 @@ TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
     InMemoryStore store;
     std::vector<int> on(k.size, -1);
     auto errors = test::run_threads(k.size, [&](int rank) {
-      transport::shm::GroupConfig config;
-      config.rank = rank;
-      for (int r = 0; r < k.size; ++r) {
-        config.members.push_back(r);
-        config.hosts.push_back("h");
-      }
-      config.buffer_bytes = 64 * 1024;
-      config.try_cma = rank != k.refuser;
-      config.cma_any_size = !(k.narrow == 9 || rank == k.narrow);
-      std::string why_not;
-      auto group = transport::shm::ShmGroup::connect(store, config, why_not);
-      ASSERT_NE(group, nullptr) << why_not;
+      auto group = connect_group(store, rank, k.size, rank != k.refuser,
+                                 !(k.narrow == 9 || rank == k.narrow));
       on[rank] = group->cma();
       group->close();
     });
@@ -272,22 +282,6 @@ TEST(ShmGroupTest, CrossMemoryAttachIsAgreedByAllRanks) {
 }
 
 // ----- shared work (ShmGroup::begin_work ... wait_work) -----
-
-// A group of `size` local ranks meeting in `store`, as a communicator's would.
-std::unique_ptr<transport::shm::ShmGroup> connect_group(Store& store, int rank, int size) {
-  transport::shm::GroupConfig config;
-  config.rank = rank;
-  for (int r = 0; r < size; ++r) {
-    config.members.push_back(r);
-    config.hosts.push_back("h" + std::to_string(r));
-  }
-  config.buffer_bytes = 64 * 1024;
-  config.try_cma = false;
-  std::string why_not;
-  auto group = transport::shm::ShmGroup::connect(store, config, why_not);
-  if (!group) throw std::runtime_error("shm group: " + why_not);
-  return group;
-}
 
 transport::OpInfo op_info(uint64_t seq, std::chrono::milliseconds timeout) {
   transport::OpInfo op;
