@@ -3,11 +3,14 @@
 # Idempotent and quick when everything is there. Usage: scripts/install-deps.sh [EXTRA...]
 set -euo pipefail
 
+# python3-torch, python3-dev, pybind11-dev: the torch.distributed backend (python/) for
+# Debian's /usr/bin/python3.
 # libopenblas0-pthread: Debian's libtorch computes on whichever libblas.so.3 the system
 # selects; without it that is the reference BLAS, about 10x slower for the seed job.
 packages=(cmake make g++ pkg-config libgtest-dev libgmock-dev zlib1g-dev libcli11-dev libssl-dev
           nlohmann-json3-dev iproute2 procps
-          libtorch-dev libopenblas0-pthread dataset-fashion-mnist)
+          libtorch-dev libopenblas0-pthread dataset-fashion-mnist
+          python3-torch python3-dev pybind11-dev)
 packages+=("$@")
 
 missing=()

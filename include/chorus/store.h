@@ -51,6 +51,11 @@ class Store {
   // Number of keys in the store (all prefixes together).
   virtual int64_t num_keys() = 0;
 
+  // The host of the server this store talks to, as its clients reach it; "" when there
+  // is none (a store in this process, a file). A communicator created on this store
+  // listens on the local address that routes to it (CommOptions::listen_address).
+  virtual std::string server_host() const { return ""; }
+
   // Default deadline for get() and wait().
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
@@ -106,6 +111,7 @@ class PrefixStore : public Store {
   bool delete_key(const std::string& key) override;
   int64_t num_keys() override;
 
+  std::string server_host() const override { return base_->server_host(); }
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& base() const { return base_; }
 
@@ -183,6 +189,7 @@ class TcpStore : public Store {
   bool delete_key(const std::string& key) override;
   int64_t num_keys() override;
 
+  std::string server_host() const override { return host(); }
   const std::string& host() const;
   uint16_t port() const;
 

@@ -34,16 +34,9 @@ constexpr uint32_t kHelpedStreak = 16;
 // call, the thread often ran before the caller got there (see progress_loop()).
 constexpr auto kClaimGrace = std::chrono::microseconds(50);
 
-// The host the store lives on, when it is a TCP store (possibly behind prefixes).
-std::string store_host(Store* store) {
-  while (auto* prefixed = dynamic_cast<PrefixStore*>(store)) store = prefixed->base().get();
-  if (auto* tcp = dynamic_cast<TcpStore*>(store)) return tcp->host();
-  return "";
-}
-
 std::string choose_listen_address(const CommOptions& options, Store* store) {
   if (!options.listen_address.empty()) return options.listen_address;
-  std::string host = store_host(store);
+  std::string host = store->server_host();
   if (!host.empty()) {
     std::string local = net::local_address_towards(host);
     if (!local.empty()) return local;

@@ -1,0 +1,595 @@
+#include "c10d/process_group.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include <ATen/ATen.h>
+
+#include "c10d/store_adapter.h"
+#include "chorus/error.h"
+
+namespace chorus::c10d_backend {
+namespace {
+
+using ::c10d::OpType;
+
+[[noreturn]] void refuse(const std::string& op, const std::string& why) {
+  throw InvalidArgumentError("chorus " + op + ": " + why);
+}
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+std::string describe(const at::Tensor& t) {
+  return std::string(c10::toString(t.scalar_type())) + shape_of(t);
+}
+
+void check_tensor(const at::Tensor& t, const std::string& op, const std::string& what) {
+  if (!t.defined()) refuse(op, what + " is undefined");
+  if (!t.device().is_cpu()) {
+    refuse(op, what + " is on " + t.device().str() +
+                   "; the chorus backend takes CPU tensors (move it with .cpu())");
+  }
+  if (t.layout() != at::kStrided) refuse(op, what + " is sparse; chorus takes dense tensors");
+}
+
+// The one tensor a process passes: torch's lists of several are for several devices.
+at::Tensor& single(std::vector<at::Tensor>& tensors, const std::string& op,
+                   const std::string& what = "tensor") {
+  if (tensors.size() != 1) {
+    refuse(op, "takes one " + what + " per process, got a list of " +
+                   std::to_string(tensors.size()) + " (one device per process)");
+  }
+  check_tensor(tensors[0], op, what);
+  return tensors[0];
+}
+
+std::optional<DataType> chorus_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    default: return std::nullopt;
+  }
+}
+
+const char* torch_op_name(::c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case ::c10d::ReduceOp::SUM: return "SUM";
+    case ::c10d::ReduceOp::AVG: return "AVG";
+    case ::c10d::ReduceOp::PRODUCT: return "PRODUCT";
+    case ::c10d::ReduceOp::MIN: return "MIN";
+    case ::c10d::ReduceOp::MAX: return "MAX";
+    case ::c10d::ReduceOp::BAND: return "BAND";
+    case ::c10d::ReduceOp::BOR: return "BOR";
+    case ::c10d::ReduceOp::BXOR: return "BXOR";
+    case ::c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNKNOWN";
+  }
+}
+
+// How chorus reduces a tensor: its element type, the op, and how many chorus elements
+// each tensor element is (2 for complex numbers, reduced as pairs of reals).
+struct Reduction {
+  DataType dtype;
+  ReduceOp op;
+  size_t width = 1;
+};
+
+Reduction reduction_of(const at::Tensor& t, const ::c10d::ReduceOp& torch_op,
+                       const std::string& op) {
+  const auto type = static_cast<::c10d::ReduceOp::RedOpType>(torch_op);
+  std::optional<ReduceOp> chorus_op;
+  switch (type) {
+    case ::c10d::ReduceOp::SUM: chorus_op = ReduceOp::kSum; break;
+    case ::c10d::ReduceOp::AVG: chorus_op = ReduceOp::kAvg; break;
+    case ::c10d::ReduceOp::PRODUCT: chorus_op = ReduceOp::kProd; break;
+    case ::c10d::ReduceOp::MIN: chorus_op = ReduceOp::kMin; break;
+    case ::c10d::ReduceOp::MAX: chorus_op = ReduceOp::kMax; break;
+    default: break;
+  }
+  if (!chorus_op) {
+    refuse(op, std::string("chorus has no kernel for ReduceOp.") + torch_op_name(type) +
+                   " (it reduces with SUM, AVG, PRODUCT, MIN and MAX)");
+  }
+  const at::ScalarType st = t.scalar_type();
+  if (auto dtype = chorus_dtype(st)) return {*dtype, *chorus_op};
+  if (st == at::kComplexFloat || st == at::kComplexDouble) {
+    if (*chorus_op != ReduceOp::kSum && *chorus_op != ReduceOp::kAvg) {
+      refuse(op, std::string("ReduceOp.") + torch_op_name(type) + " is not defined for " +
+                     c10::toString(st) + " (complex tensors reduce with SUM and AVG)");
+    }
+    return {st == at::kComplexFloat ? DataType::kFloat32 : DataType::kFloat64, *chorus_op, 2};
+  }
+  if (st == at::kBool) {
+    if (*chorus_op == ReduceOp::kSum || *chorus_op == ReduceOp::kAvg) {
+      refuse(op, std::string("ReduceOp.") + torch_op_name(type) +
+                     " of Bool tensors is not supported (MIN, MAX and PRODUCT are)");
+    }
+    return {DataType::kUInt8, *chorus_op};
+  }
+  refuse(op, std::string("the ") + c10::toString(st) + " tensor " + shape_of(t) +
+                 " has a dtype chorus cannot reduce (float32/64, float16, bfloat16, int8, "
+                 "uint8, int32, int64, complex64/128, bool)");
+}
+
+// How chorus moves a tensor that is not reduced: as its own element type where chorus
+// has it, else as bytes. `width` chorus elements per tensor element.
+struct Moved {
+  DataType dtype;
+  size_t width;
+};
+
+Moved moved_of(const at::Tensor& t) {
+  if (auto dtype = chorus_dtype(t.scalar_type())) return {*dtype, 1};
+  return {DataType::kUInt8, static_cast<size_t>(t.element_size())};
+}
+
+size_t elems(const at::Tensor& t, size_t width) { return static_cast<size_t>(t.numel()) * width; }
+
+// Contiguous memory with the tensor's values (the tensor itself when it is contiguous).
+at::Tensor staged_in(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+// Contiguous memory to receive into (the tensor itself when it is contiguous).
+at::Tensor staged_out(const at::Tensor& t) {
+  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+}
+
+// Writes `staged` back into `t` once the operation is done, unless they are the same.
+ChorusWork::Finisher copy_back(const at::Tensor& t, const at::Tensor& staged) {
+  if (staged.is_same(t)) return nullptr;
+  return [t, staged]() mutable { t.copy_(staged); };
+}
+
+// One flat buffer holding `parts` one after another (bytes for dtypes chorus lacks).
+at::Tensor packed(const std::vector<at::Tensor>& parts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(parts.size());
+  for (const at::Tensor& p : parts) flat.push_back(p.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Copies consecutive blocks of `flat` (of each output's size) into `outputs`.
+ChorusWork::Finisher unpack_into(std::vector<at::Tensor> outputs, at::Tensor flat) {
+  return [outputs = std::move(outputs), flat]() mutable {
+    int64_t offset = 0;
+    for (at::Tensor& out : outputs) {
+      out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
+      offset += out.numel();
+    }
+  };
+}
+
+void check_like(const at::Tensor& t, const at::Tensor& like, const std::string& op,
+                const std::string& what, const std::string& like_what) {
+  check_tensor(t, op, what);
+  if (t.scalar_type() != like.scalar_type() || t.numel() != like.numel()) {
+    refuse(op, what + " is " + describe(t) + " but " + like_what + " is " + describe(like) +
+                   " (they must have the same dtype and number of elements)");
+  }
+}
+
+void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t expected,
+                const std::string& op, const std::string& what, const std::string& like_what) {
+  if (list.size() != expected) {
+    refuse(op, what + " has " + std::to_string(list.size()) + " tensors; expected " +
+                   std::to_string(expected) + " (one per rank)");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    check_like(list[i], like, op, what + "[" + std::to_string(i) + "]", like_what);
+  }
+}
+
+void check_timeout(std::chrono::milliseconds requested, std::chrono::milliseconds group,
+                   const std::string& op) {
+  if (requested != ::c10d::kUnsetTimeout && requested != group) {
+    refuse(op, "a per-call timeout (" + std::to_string(requested.count()) +
+                   " ms) is not supported; the group's timeout (" +
+                   std::to_string(group.count()) + " ms, init_process_group's timeout) applies");
+  }
+}
+
+void check_root(int64_t root, int size, const std::string& op) {
+  if (root < 0 || root >= size) {
+    refuse(op, "root rank " + std::to_string(root) + " is out of range [0, " +
+                   std::to_string(size) + ")");
+  }
+}
+
+std::vector<size_t> displacements(const std::vector<size_t>& counts) {
+  std::vector<size_t> displs(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
+  return displs;
+}
+
+// all_to_all_single's splits (rows of dim 0 per rank; empty: equal) as element counts.
+std::vector<size_t> split_counts(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
+                                 size_t width, const std::string& op, const std::string& what) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const size_t row_elems = rows == 0 ? 0 : static_cast<size_t>(t.numel() / rows) * width;
+  std::vector<size_t> counts(size);
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      refuse(op, what + " " + describe(t) + " has " + std::to_string(rows) +
+                     " rows, which do not split evenly over " + std::to_string(size) +
+                     " ranks (pass split sizes)");
+    }
+    std::fill(counts.begin(), counts.end(), static_cast<size_t>(rows / size) * row_elems);
+    return counts;
+  }
+  if (splits.size() != static_cast<size_t>(size)) {
+    refuse(op, what + " split sizes have " + std::to_string(splits.size()) +
+                   " entries; expected one per rank (" + std::to_string(size) + ")");
+  }
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    if (splits[r] < 0) refuse(op, what + " split size " + std::to_string(splits[r]) + " is negative");
+    total += splits[r];
+    counts[r] = static_cast<size_t>(splits[r]) * row_elems;
+  }
+  if (total != rows) {
+    refuse(op, what + " split sizes add up to " + std::to_string(total) + " rows, but " + what +
+                   " " + describe(t) + " has " + std::to_string(rows));
+  }
+  return counts;
+}
+
+}  // namespace
+
+ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
+                                       int size, std::chrono::milliseconds timeout)
+    : BackendBase(rank, size), timeout_(timeout), comms_(std::make_shared<Comms>()) {
+  CommOptions options = CommOptions::from_env();
+  options.timeout = timeout;
+  options.connect_timeout = std::min(options.connect_timeout, timeout);
+  auto chorus_store = std::make_shared<C10dStore>(store);
+  chorus_store->set_timeout(options.connect_timeout);
+  options.comm_id = "torch";
+  comms_->collectives = Communicator::create(chorus_store, rank, size, options);
+  options.comm_id = "torch/p2p-up";
+  comms_->p2p[0] = Communicator::create(chorus_store, rank, size, options);
+  options.comm_id = "torch/p2p-down";
+  comms_->p2p[1] = Communicator::create(chorus_store, rank, size, options);
+  completer_ = std::make_unique<Completer>();
+}
+
+ProcessGroupChorus::~ProcessGroupChorus() {
+  // Completes what is queued first (each operation ends within the group's timeout),
+  // then the communicators close.
+  completer_.reset();
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::launch(OpType type, std::vector<Work> parts,
+                                                   std::vector<at::Tensor> outputs,
+                                                   ChorusWork::Finisher finish,
+                                                   std::vector<at::Tensor> keep) {
+  ++sequence_;
+  auto work = c10::make_intrusive<ChorusWork>(rank_, type, std::move(parts), std::move(outputs),
+                                              std::move(finish), std::move(keep), comms_);
+  completer_->push(work);
+  return work;
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::broadcast(std::vector<at::Tensor>& tensors,
+                                                      const ::c10d::BroadcastOptions& opts) {
+  const std::string op = "broadcast";
+  at::Tensor& t = single(tensors, op);
+  check_timeout(opts.timeout, timeout_, op);
+  check_root(opts.rootRank, size_, op);
+  if (opts.rootTensor != 0) refuse(op, "root tensor " + std::to_string(opts.rootTensor) + " (one tensor per process)");
+  const Moved m = moved_of(t);
+  at::Tensor buf = staged_in(t);
+  Work w = comm().broadcast(buf.data_ptr(), buf.data_ptr(), elems(buf, m.width), m.dtype,
+                            static_cast<int>(opts.rootRank));
+  return launch(OpType::BROADCAST, {w}, {t}, copy_back(t, buf), {buf});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce(std::vector<at::Tensor>& tensors,
+                                                      const ::c10d::AllreduceOptions& opts) {
+  const std::string op = "allreduce";
+  at::Tensor& t = single(tensors, op);
+  check_timeout(opts.timeout, timeout_, op);
+  const Reduction r = reduction_of(t, opts.reduceOp, op);
+  at::Tensor buf = staged_in(t);
+  Work w = comm().allreduce(buf.data_ptr(), buf.data_ptr(), elems(buf, r.width), r.dtype, r.op);
+  return launch(OpType::ALLREDUCE, {w}, {t}, copy_back(t, buf), {buf});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  const std::string op = "allreduce_coalesced";
+  check_timeout(opts.timeout, timeout_, op);
+  if (tensors.empty()) refuse(op, "the list of tensors is empty");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    check_tensor(tensors[i], op, "tensors[" + std::to_string(i) + "]");
+    if (tensors[i].scalar_type() != tensors[0].scalar_type()) {
+      refuse(op, "tensors[" + std::to_string(i) + "] is " + describe(tensors[i]) +
+                     " but tensors[0] is " + describe(tensors[0]) + " (one dtype for all)");
+    }
+  }
+  const Reduction r = reduction_of(tensors[0], opts.reduceOp, op);
+  at::Tensor flat = packed(tensors);
+  Work w = comm().allreduce(flat.data_ptr(), flat.data_ptr(), elems(flat, r.width), r.dtype, r.op);
+  return launch(OpType::ALLREDUCE_COALESCED, {w}, tensors, unpack_into(tensors, flat), {flat});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::reduce(std::vector<at::Tensor>& tensors,
+                                                   const ::c10d::ReduceOptions& opts) {
+  const std::string op = "reduce";
+  at::Tensor& t = single(tensors, op);
+  check_timeout(opts.timeout, timeout_, op);
+  check_root(opts.rootRank, size_, op);
+  if (opts.rootTensor != 0) refuse(op, "root tensor " + std::to_string(opts.rootTensor) + " (one tensor per process)");
+  const Reduction r = reduction_of(t, opts.reduceOp, op);
+  at::Tensor buf = staged_in(t);
+  Work w = comm().reduce(buf.data_ptr(), buf.data_ptr(), elems(buf, r.width), r.dtype, r.op,
+                         static_cast<int>(opts.rootRank));
+  return launch(OpType::REDUCE, {w}, {t}, copy_back(t, buf), {buf});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const ::c10d::AllgatherOptions& opts) {
+  const std::string op = "allgather";
+  at::Tensor& in = single(inputs, op, "input");
+  check_timeout(opts.timeout, timeout_, op);
+  if (outputs.size() != 1) refuse(op, "takes one output list per process, got " + std::to_string(outputs.size()));
+  check_list(outputs[0], in, size_, op, "output list", "the input");
+  const Moved m = moved_of(in);
+  at::Tensor src = staged_in(in);
+  at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+  Work w = comm().allgather(src.data_ptr(), flat.data_ptr(), elems(src, m.width), m.dtype);
+  return launch(OpType::ALLGATHER, {w}, outputs[0], unpack_into(outputs[0], flat), {src, flat});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                            const ::c10d::AllgatherOptions& opts) {
+  const std::string op = "allgather_into_tensor";
+  check_tensor(input, op, "input");
+  check_tensor(output, op, "output");
+  check_timeout(opts.timeout, timeout_, op);
+  if (output.scalar_type() != input.scalar_type() || output.numel() != size_ * input.numel()) {
+    refuse(op, "output is " + describe(output) + " but input is " + describe(input) +
+                   "; the output must hold world size (" + std::to_string(size_) +
+                   ") times the input's elements, of the same dtype");
+  }
+  const Moved m = moved_of(input);
+  at::Tensor src = staged_in(input);
+  at::Tensor dst = staged_out(output);
+  Work w = comm().allgather(src.data_ptr(), dst.data_ptr(), elems(src, m.width), m.dtype);
+  return launch(OpType::_ALLGATHER_BASE, {w}, {output}, copy_back(output, dst), {src, dst});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  const std::string op = "allgather_coalesced";
+  check_timeout(opts.timeout, timeout_, op);
+  if (inputs.empty()) refuse(op, "the list of inputs is empty");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], op, "inputs[" + std::to_string(i) + "]");
+    if (inputs[i].scalar_type() != inputs[0].scalar_type()) {
+      refuse(op, "inputs[" + std::to_string(i) + "] is " + describe(inputs[i]) +
+                     " but inputs[0] is " + describe(inputs[0]) + " (one dtype for all)");
+    }
+  }
+  if (outputs.size() != static_cast<size_t>(size_)) {
+    refuse(op, "the output has " + std::to_string(outputs.size()) + " lists; expected one per rank (" +
+                   std::to_string(size_) + ")");
+  }
+  std::vector<at::Tensor> flat_outputs;
+  for (int r = 0; r < size_; ++r) {
+    if (outputs[r].size() != inputs.size()) {
+      refuse(op, "output list " + std::to_string(r) + " has " + std::to_string(outputs[r].size()) +
+                     " tensors; expected one per input (" + std::to_string(inputs.size()) + ")");
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_like(outputs[r][i], inputs[i], op,
+                 "output[" + std::to_string(r) + "][" + std::to_string(i) + "]",
+                 "inputs[" + std::to_string(i) + "]");
+      flat_outputs.push_back(outputs[r][i]);
+    }
+  }
+  const Moved m = moved_of(inputs[0]);
+  at::Tensor src = packed(inputs);
+  at::Tensor flat = at::empty({static_cast<int64_t>(size_) * src.numel()}, src.options());
+  Work w = comm().allgather(src.data_ptr(), flat.data_ptr(), elems(src, m.width), m.dtype);
+  return launch(OpType::ALLGATHER_COALESCED, {w}, flat_outputs, unpack_into(flat_outputs, flat),
+                {src, flat});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const ::c10d::GatherOptions& opts) {
+  const std::string op = "gather";
+  at::Tensor& in = single(inputs, op, "input");
+  check_timeout(opts.timeout, timeout_, op);
+  check_root(opts.rootRank, size_, op);
+  const int root = static_cast<int>(opts.rootRank);
+  const Moved m = moved_of(in);
+  at::Tensor src = staged_in(in);
+  if (rank_ != root) {
+    if (!outputs.empty() && !outputs[0].empty()) {
+      refuse(op, "rank " + std::to_string(rank_) + " is not the root (" + std::to_string(root) +
+                     ") and must pass no gather list");
+    }
+    Work w = comm().gather(src.data_ptr(), nullptr, elems(src, m.width), m.dtype, root);
+    return launch(OpType::GATHER, {w}, {}, nullptr, {src});
+  }
+  if (outputs.size() != 1) refuse(op, "the root takes one gather list, got " + std::to_string(outputs.size()));
+  check_list(outputs[0], in, size_, op, "gather list", "the input");
+  at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+  Work w = comm().gather(src.data_ptr(), flat.data_ptr(), elems(src, m.width), m.dtype, root);
+  return launch(OpType::GATHER, {w}, outputs[0], unpack_into(outputs[0], flat), {src, flat});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::scatter(std::vector<at::Tensor>& outputs,
+                                                    std::vector<std::vector<at::Tensor>>& inputs,
+                                                    const ::c10d::ScatterOptions& opts) {
+  const std::string op = "scatter";
+  at::Tensor& out = single(outputs, op, "output");
+  check_timeout(opts.timeout, timeout_, op);
+  check_root(opts.rootRank, size_, op);
+  const int root = static_cast<int>(opts.rootRank);
+  const Moved m = moved_of(out);
+  at::Tensor dst = staged_out(out);
+  at::Tensor flat;
+  if (rank_ == root) {
+    if (inputs.size() != 1) refuse(op, "the root takes one scatter list, got " + std::to_string(inputs.size()));
+    check_list(inputs[0], out, size_, op, "scatter list", "the output");
+    flat = packed(inputs[0]);
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    refuse(op, "rank " + std::to_string(rank_) + " is not the root (" + std::to_string(root) +
+                   ") and must pass no scatter list");
+  }
+  Work w = comm().scatter(flat.defined() ? flat.data_ptr() : nullptr, dst.data_ptr(),
+                          elems(dst, m.width), m.dtype, root);
+  std::vector<at::Tensor> keep{dst};
+  if (flat.defined()) keep.push_back(flat);
+  return launch(OpType::SCATTER, {w}, {out}, copy_back(out, dst), std::move(keep));
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  const std::string op = "reduce_scatter";
+  at::Tensor& out = single(outputs, op, "output");
+  check_timeout(opts.timeout, timeout_, op);
+  if (inputs.size() != 1) refuse(op, "takes one input list per process, got " + std::to_string(inputs.size()));
+  check_list(inputs[0], out, size_, op, "input list", "the output");
+  const Reduction r = reduction_of(out, opts.reduceOp, op);
+  at::Tensor flat = packed(inputs[0]);
+  at::Tensor dst = staged_out(out);
+  Work w = comm().reduce_scatter(flat.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
+  return launch(OpType::REDUCE_SCATTER, {w}, {out}, copy_back(out, dst), {flat, dst});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
+  const std::string op = "reduce_scatter_tensor";
+  check_tensor(input, op, "input");
+  check_tensor(output, op, "output");
+  check_timeout(opts.timeout, timeout_, op);
+  if (output.scalar_type() != input.scalar_type() || input.numel() != size_ * output.numel()) {
+    refuse(op, "input is " + describe(input) + " but output is " + describe(output) +
+                   "; the input must hold world size (" + std::to_string(size_) +
+                   ") times the output's elements, of the same dtype");
+  }
+  const Reduction r = reduction_of(output, opts.reduceOp, op);
+  at::Tensor src = staged_in(input);
+  at::Tensor dst = staged_out(output);
+  Work w = comm().reduce_scatter(src.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
+  return launch(OpType::_REDUCE_SCATTER_BASE, {w}, {output}, copy_back(output, dst), {src, dst});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                          std::vector<int64_t>& output_splits,
+                                                          std::vector<int64_t>& input_splits,
+                                                          const ::c10d::AllToAllOptions& opts) {
+  const std::string op = "all_to_all_single";
+  check_tensor(input, op, "input");
+  check_tensor(output, op, "output");
+  check_timeout(opts.timeout, timeout_, op);
+  if (output.scalar_type() != input.scalar_type()) {
+    refuse(op, "output is " + describe(output) + " but input is " + describe(input) +
+                   " (they must have the same dtype)");
+  }
+  const Moved m = moved_of(input);
+  at::Tensor src = staged_in(input);
+  at::Tensor dst = staged_out(output);
+  if (output_splits.empty() && input_splits.empty()) {
+    if (input.numel() != output.numel() || input.numel() % size_ != 0) {
+      refuse(op, "input " + describe(input) + " and output " + describe(output) +
+                     " must have the same number of elements, divisible by the world size (" +
+                     std::to_string(size_) + ")");
+    }
+    Work w = comm().alltoall(src.data_ptr(), dst.data_ptr(), elems(src, m.width) / size_, m.dtype);
+    return launch(OpType::ALLTOALL_BASE, {w}, {output}, copy_back(output, dst), {src, dst});
+  }
+  std::vector<size_t> send_counts = split_counts(input, input_splits, size_, m.width, op, "input");
+  std::vector<size_t> recv_counts = split_counts(output, output_splits, size_, m.width, op, "output");
+  std::vector<size_t> send_displs = displacements(send_counts);
+  std::vector<size_t> recv_displs = displacements(recv_counts);
+  Work w = comm().alltoallv(src.data_ptr(), send_counts, send_displs, dst.data_ptr(), recv_counts,
+                            recv_displs, m.dtype);
+  return launch(OpType::ALLTOALL_BASE, {w}, {output}, copy_back(output, dst), {src, dst});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::alltoall(std::vector<at::Tensor>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const ::c10d::AllToAllOptions& opts) {
+  const std::string op = "all_to_all";
+  check_timeout(opts.timeout, timeout_, op);
+  if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != static_cast<size_t>(size_)) {
+    refuse(op, "takes one input and one output tensor per rank (" + std::to_string(size_) +
+                   "), got " + std::to_string(inputs.size()) + " inputs and " +
+                   std::to_string(outputs.size()) + " outputs");
+  }
+  for (int r = 0; r < size_; ++r) {
+    check_tensor(inputs[r], op, "inputs[" + std::to_string(r) + "]");
+    check_tensor(outputs[r], op, "outputs[" + std::to_string(r) + "]");
+    if (inputs[r].scalar_type() != inputs[0].scalar_type() ||
+        outputs[r].scalar_type() != inputs[0].scalar_type()) {
+      refuse(op, "every input and output must have one dtype; inputs[0] is " +
+                     describe(inputs[0]) + ", inputs[" + std::to_string(r) + "] " +
+                     describe(inputs[r]) + ", outputs[" + std::to_string(r) + "] " +
+                     describe(outputs[r]));
+    }
+  }
+  const Moved m = moved_of(inputs[0]);
+  std::vector<size_t> send_counts(size_), recv_counts(size_);
+  for (int r = 0; r < size_; ++r) {
+    send_counts[r] = elems(inputs[r], m.width);
+    recv_counts[r] = elems(outputs[r], m.width);
+  }
+  at::Tensor src = packed(inputs);
+  const int64_t out_numel = std::accumulate(outputs.begin(), outputs.end(), int64_t{0},
+                                            [](int64_t n, const at::Tensor& t) { return n + t.numel(); });
+  at::Tensor flat = at::empty({out_numel}, outputs[0].options());
+  Work w = comm().alltoallv(src.data_ptr(), send_counts, displacements(send_counts), flat.data_ptr(),
+                            recv_counts, displacements(recv_counts), m.dtype);
+  return launch(OpType::ALLTOALL, {w}, outputs, unpack_into(outputs, flat), {src, flat});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                                 int tag) {
+  const std::string op = "send";
+  at::Tensor& t = single(tensors, op);
+  if (tag != 0) refuse(op, "tag " + std::to_string(tag) + ": chorus matches messages by order between two ranks, not by tag (use tag 0)");
+  check_root(dst_rank, size_, op);
+  const Moved m = moved_of(t);
+  at::Tensor buf = staged_in(t);
+  Work w = p2p_to(dst_rank).send(buf.data_ptr(), elems(buf, m.width), m.dtype, dst_rank);
+  return launch(OpType::SEND, {w}, {t}, nullptr, {buf});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                                 int tag) {
+  const std::string op = "recv";
+  at::Tensor& t = single(tensors, op);
+  if (tag != 0) refuse(op, "tag " + std::to_string(tag) + ": chorus matches messages by order between two ranks, not by tag (use tag 0)");
+  check_root(src_rank, size_, op);
+  const Moved m = moved_of(t);
+  at::Tensor buf = staged_out(t);
+  Work w = p2p_from(src_rank).recv(buf.data_ptr(), elems(buf, m.width), m.dtype, src_rank);
+  return launch(OpType::RECV, {w}, {t}, copy_back(t, buf), {buf});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  refuse("recv", "a receive from any source is not supported; name the source rank (src=...)");
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::barrier(const ::c10d::BarrierOptions& opts) {
+  check_timeout(opts.timeout, timeout_, "barrier");
+  return launch(OpType::BARRIER, {comm().barrier()}, {}, nullptr, {});
+}
+
+}  // namespace chorus::c10d_backend

@@ -1,0 +1,109 @@
+// ProcessGroupChorus: torch.distributed's process group over chorus's communicators.
+//
+// Created by torch_chorus's backend creator with the store, rank, size and timeout that
+// init_process_group / new_group pass; creation is collective and returns once the
+// group is connected (within the connect timeout: CHORUS_CONNECT_TIMEOUT, else 120 s,
+// and never longer than `timeout`). `timeout` is every operation's deadline.
+//
+// Tensors: CPU only; any layout (non-contiguous tensors are staged through a contiguous
+// copy and written back). Reductions take float32/64, float16, bfloat16, int8, uint8,
+// int32, int64, complex64/128 (SUM and AVG, as pairs of reals) and bool (MIN, MAX,
+// PRODUCT); every other collective moves any dtype as bytes. Ops: SUM, AVG, PRODUCT,
+// MIN, MAX; the bitwise ops and PREMUL_SUM are refused naming the op. A bad call (a
+// CUDA tensor, a dtype or op chorus lacks, sizes that disagree, a list of several
+// tensors per process) throws before anything is sent and leaves the group usable.
+//
+// Threading: torch calls these without the GIL, from any thread; operations run in
+// issue order per group (point to point on their own communicators, see Comms). A
+// failure during an operation (a dead or stopped peer, a timeout) is raised by wait()
+// and the future, names the operation, rank and host, and breaks the group: every later
+// operation fails at once. Rebuild it (destroy_process_group + init_process_group).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#include <atomic>
+
+#include "c10d/work.h"
+
+namespace chorus::c10d_backend {
+
+// torch 1.x: a backend is a ProcessGroup. torch 2.x: a Backend, which torch wraps in a
+// ProcessGroup for the devices it was registered for (torch_chorus registers "cpu").
+#if TORCH_VERSION_MAJOR >= 2
+using BackendBase = ::c10d::Backend;
+#else
+using BackendBase = ::c10d::ProcessGroup;
+#endif
+
+class ProcessGroupChorus : public BackendBase {
+ public:
+  ProcessGroupChorus(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout);
+  ~ProcessGroupChorus() override;
+
+  const std::string getBackendName() const override { return "chorus"; }
+
+  using Ptr = c10::intrusive_ptr<::c10d::Work>;
+  Ptr broadcast(std::vector<at::Tensor>& tensors,
+                const ::c10d::BroadcastOptions& opts = ::c10d::BroadcastOptions()) override;
+  Ptr allreduce(std::vector<at::Tensor>& tensors,
+                const ::c10d::AllreduceOptions& opts = ::c10d::AllreduceOptions()) override;
+  Ptr allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                          const ::c10d::AllreduceCoalescedOptions& opts =
+                              ::c10d::AllreduceCoalescedOptions()) override;
+  Ptr reduce(std::vector<at::Tensor>& tensors,
+             const ::c10d::ReduceOptions& opts = ::c10d::ReduceOptions()) override;
+  Ptr allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                const ::c10d::AllgatherOptions& opts = ::c10d::AllgatherOptions()) override;
+  Ptr _allgather_base(at::Tensor& output, at::Tensor& input,
+                      const ::c10d::AllgatherOptions& opts = ::c10d::AllgatherOptions()) override;
+  Ptr allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                          std::vector<at::Tensor>& inputs,
+                          const ::c10d::AllgatherOptions& opts = ::c10d::AllgatherOptions()) override;
+  Ptr gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+             const ::c10d::GatherOptions& opts = ::c10d::GatherOptions()) override;
+  Ptr scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+              const ::c10d::ScatterOptions& opts = ::c10d::ScatterOptions()) override;
+  Ptr reduce_scatter(std::vector<at::Tensor>& outputs,
+                     std::vector<std::vector<at::Tensor>>& inputs,
+                     const ::c10d::ReduceScatterOptions& opts =
+                         ::c10d::ReduceScatterOptions()) override;
+  Ptr _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                           const ::c10d::ReduceScatterOptions& opts =
+                               ::c10d::ReduceScatterOptions()) override;
+  Ptr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                    std::vector<int64_t>& input_splits,
+                    const ::c10d::AllToAllOptions& opts = ::c10d::AllToAllOptions()) override;
+  Ptr alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+               const ::c10d::AllToAllOptions& opts = ::c10d::AllToAllOptions()) override;
+  Ptr send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  Ptr recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  Ptr recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  Ptr barrier(const ::c10d::BarrierOptions& opts = ::c10d::BarrierOptions()) override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return sequence_; }
+
+  // For tests and diagnostics: the communicator the collectives run on.
+  Communicator& communicator() { return *comms_->collectives; }
+
+ private:
+  Ptr launch(::c10d::OpType type, std::vector<Work> parts, std::vector<at::Tensor> outputs,
+             ChorusWork::Finisher finish, std::vector<at::Tensor> keep);
+  Communicator& comm() { return *comms_->collectives; }
+  Communicator& p2p_to(int peer) { return *comms_->p2p[rank_ < peer ? 0 : 1]; }
+  Communicator& p2p_from(int peer) { return *comms_->p2p[peer < rank_ ? 0 : 1]; }
+
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<Comms> comms_;
+  std::atomic<uint64_t> sequence_{0};
+  std::unique_ptr<Completer> completer_;
+};
+
+}  // namespace chorus::c10d_backend

@@ -1,0 +1,133 @@
+#include "c10d/work.h"
+
+#include <ATen/core/jit_type.h>
+
+#include "chorus/error.h"
+
+namespace chorus::c10d_backend {
+
+void Comms::abort_all(const std::string& reason) {
+  if (collectives) collectives->abort(reason);
+  for (auto& c : p2p) {
+    if (c) c->abort(reason);
+  }
+}
+
+ChorusWork::ChorusWork(int rank, ::c10d::OpType type, std::vector<::chorus::Work> parts,
+                       std::vector<at::Tensor> outputs, Finisher finish,
+                       std::vector<at::Tensor> keep, std::shared_ptr<Comms> comms)
+    : ::c10d::Work(rank, type),
+      parts_(std::move(parts)),
+      outputs_(std::move(outputs)),
+      finish_(std::move(finish)),
+      keep_(std::move(keep)),
+      comms_(std::move(comms)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))) {}
+
+void ChorusWork::complete() {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> guard(complete_mutex_);
+    if (done_) return;
+    try {
+      for (const ::chorus::Work& part : parts_) part.wait();
+      if (finish_) finish_();
+    } catch (const Error& e) {
+      error = std::current_exception();
+      if (e.is_fatal() && comms_) comms_->abort_all(e.what());
+    } catch (const std::exception&) {
+      error = std::current_exception();
+    }
+    finish_ = nullptr;
+    keep_.clear();
+    done_ = true;
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+    exception_ = error;
+    cv_.notify_all();
+  }
+  // Outside the locks: the future's callbacks run here and may wait on this work.
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+bool ChorusWork::isCompleted() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_) return true;
+  }
+  for (const ::chorus::Work& part : parts_) {
+    if (!part.is_completed()) return false;
+  }
+  complete();
+  return true;
+}
+
+bool ChorusWork::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr ChorusWork::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+std::vector<at::Tensor> ChorusWork::result() { return outputs_; }
+
+bool ChorusWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout > std::chrono::milliseconds(0)) {
+    for (const ::chorus::Work& part : parts_) {
+      // Work::wait(timeout) returns false while the operation is still running.
+      if (!part.wait(timeout)) {
+        throw TimeoutError(part.description() + " did not complete within the " +
+                           std::to_string(timeout.count()) + " ms given to wait()");
+      }
+    }
+  }
+  complete();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> ChorusWork::getFuture() { return future_; }
+
+Completer::Completer() : thread_([this] { loop(); }) {}
+
+Completer::~Completer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Completer::push(c10::intrusive_ptr<ChorusWork> work) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(work));
+  }
+  cv_.notify_one();
+}
+
+void Completer::loop() {
+  for (;;) {
+    c10::intrusive_ptr<ChorusWork> work;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    work->complete();
+  }
+}
+
+}  // namespace chorus::c10d_backend

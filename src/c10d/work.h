@@ -1,0 +1,91 @@
+// The c10d::Work of a chorus operation, and the thread that completes their futures.
+//
+// A Work wraps one chorus::Work (or several, run as one) plus what has to happen once
+// it is done: copying results back into tensors that were not contiguous, splitting a
+// packed buffer into a list of tensors. That step runs exactly once, on whichever
+// thread gets there first: the caller of wait() (the usual case, so a waited operation
+// costs no thread hop) or the completion thread, which waits for every operation in
+// issue order and marks its future, so that DDP's hooks (which only look at the future)
+// run without anyone calling wait().
+//
+// Errors: wait() throws the chorus::Error of the operation (a std::runtime_error, a
+// Python RuntimeError), the future holds the same exception. A fatal error (a dead or
+// stopped peer, a timeout) breaks the whole process group (see Comms::abort_all).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "chorus/communicator.h"
+
+namespace chorus::c10d_backend {
+
+// The communicators of one process group: collectives on `collectives`; a message from
+// rank a to rank b on `p2p[a < b ? 0 : 1]`, so that every rank's sends to higher ranks
+// and its sends to lower ranks run on different progress threads (a ring of isends and
+// irecvs cannot wait on itself).
+struct Comms {
+  std::shared_ptr<Communicator> collectives;
+  std::shared_ptr<Communicator> p2p[2];
+  // Breaks all three after a failure in any of them: later calls fail at once.
+  void abort_all(const std::string& reason);
+};
+
+class ChorusWork : public ::c10d::Work {
+ public:
+  using Finisher = std::function<void()>;
+  // `parts` run in order and all must succeed; `finish` runs once they have, before the
+  // future completes with `outputs`. `keep` holds tensors the operation reads or writes.
+  ChorusWork(int rank, ::c10d::OpType type, std::vector<::chorus::Work> parts,
+             std::vector<at::Tensor> outputs, Finisher finish, std::vector<at::Tensor> keep,
+             std::shared_ptr<Comms> comms);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  void synchronize() override {}
+  // timeout 0 (kNoTimeout): until done, which chorus bounds by the group's timeout.
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  // Waits for the chorus operations, runs the finisher, completes the future; once.
+  void complete();
+
+ private:
+  std::vector<::chorus::Work> parts_;
+  std::vector<at::Tensor> outputs_;
+  Finisher finish_;
+  std::vector<at::Tensor> keep_;
+  std::shared_ptr<Comms> comms_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex complete_mutex_;  // held while complete() runs: others wait for it
+  bool done_ = false;          // guarded by complete_mutex_
+};
+
+// Completes works in the order they were queued. One per process group. The
+// destructor completes what is queued (each within the group's timeout) and joins.
+class Completer {
+ public:
+  Completer();
+  ~Completer();
+  void push(c10::intrusive_ptr<ChorusWork> work);
+
+ private:
+  void loop();
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<c10::intrusive_ptr<ChorusWork>> queue_;  // guarded by mutex_
+  bool stopping_ = false;                              // guarded by mutex_
+  std::thread thread_;
+};
+
+}  // namespace chorus::c10d_backend
