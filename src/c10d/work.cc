@@ -97,36 +97,42 @@ bool ChorusWork::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> ChorusWork::getFuture() { return future_; }
 
-Completer::Completer() : thread_([this] { loop(); }) {}
-
 Completer::~Completer() {
+  std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    threads.swap(threads_);
   }
   cv_.notify_all();
-  thread_.join();
+  for (std::thread& t : threads) t.join();
 }
 
 void Completer::push(c10::intrusive_ptr<ChorusWork> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(work));
+    if (idle_ == 0 && threads_.size() < kMaxThreads) {
+      threads_.emplace_back([this] { loop(); });
+      return;  // the new thread finds the work without a notification
+    }
   }
   cv_.notify_one();
 }
 
 void Completer::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    c10::intrusive_ptr<ChorusWork> work;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      work = std::move(queue_.front());
-      queue_.pop_front();
-    }
+    ++idle_;
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    --idle_;
+    if (queue_.empty()) return;
+    c10::intrusive_ptr<ChorusWork> work = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
     work->complete();
+    work.reset();
+    lock.lock();
   }
 }
 

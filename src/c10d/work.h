@@ -71,11 +71,16 @@ class ChorusWork : public ::c10d::Work {
   bool done_ = false;          // guarded by complete_mutex_
 };
 
-// Completes works in the order they were queued. One per process group. The
-// destructor completes what is queued (each within the group's timeout) and joins.
+// Completes works in the order they were queued, one per process group. A future's
+// callbacks run on the thread that completes it, and a callback may issue another
+// operation and wait for its future (PowerSGD's hook does): so whenever a work is
+// queued while every thread is busy, another thread starts (at most kMaxThreads;
+// threads stay until the destructor). The destructor completes what is queued (each
+// within the group's timeout) and joins.
 class Completer {
  public:
-  Completer();
+  static constexpr size_t kMaxThreads = 8;
+  Completer() = default;
   ~Completer();
   void push(c10::intrusive_ptr<ChorusWork> work);
 
@@ -84,8 +89,9 @@ class Completer {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<c10::intrusive_ptr<ChorusWork>> queue_;  // guarded by mutex_
+  size_t idle_ = 0;                                    // guarded by mutex_
   bool stopping_ = false;                              // guarded by mutex_
-  std::thread thread_;
+  std::vector<std::thread> threads_;                   // guarded by mutex_
 };
 
 }  // namespace chorus::c10d_backend

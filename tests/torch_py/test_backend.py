@@ -1,0 +1,83 @@
+"""The chorus backend of torch.distributed, from Python (ctest label torch_py).
+
+Each test starts the ranks as processes over env:// on 127.0.0.1 (ranks.py), with
+PYTHONPATH naming the built torch_chorus package (the CHORUS_PYTHONPATH variable)."""
+import os
+import tempfile
+import unittest
+
+import ranks
+
+ENV = {"PYTHONPATH": os.environ.get("CHORUS_PYTHONPATH", "")}
+
+
+def ok(test, rs, word):
+    test.assertTrue(all(r.rc == 0 for r in rs), ranks.report(rs))
+    for r in rs:
+        test.assertIn(word, r.out, ranks.report([r]))
+
+
+class Collectives(unittest.TestCase):
+    """Every collective on a chorus group against the same call on a gloo group."""
+
+    def test_world_sizes_1_to_4(self):
+        for n in (1, 2, 3, 4):
+            with self.subTest(world_size=n):
+                ok(self, ranks.run("collectives_worker.py", n, env=ENV), "checks ")
+
+    def test_two_simulated_nodes_of_two(self):
+        ok(self, ranks.run("collectives_worker.py", 4, env=ENV, nodes=2), "checks ")
+
+    def test_odd_world_on_three_nodes(self):
+        ok(self, ranks.run("collectives_worker.py", 3, env=dict(ENV, CHORUS_PY_COUNTS="0,1,1001"),
+                           nodes=3), "checks ")
+
+
+class DDPAgainstGloo(unittest.TestCase):
+    """DDP over chorus trains like DDP over gloo: bit for bit with two ranks."""
+
+    def test_two_ranks_bit_for_bit(self):
+        ok(self, ranks.run("ddp_worker.py", 2, env=ENV), "steps ")
+
+    def test_two_simulated_nodes_of_two(self):
+        ok(self, ranks.run("ddp_worker.py", 4, env=ENV, nodes=2), "steps ")
+
+    def test_three_ranks(self):
+        ok(self, ranks.run("ddp_worker.py", 3, env=ENV), "steps ")
+
+
+class Failures(unittest.TestCase):
+    """A rank that dies or stops mid-training: every other rank raises, naming the
+    operation, the rank and the host, and its group stays broken."""
+
+    def run_victim(self, mode, n, nodes, timeout_s):
+        d = tempfile.mkdtemp()
+        rs = ranks.start("failure_worker.py", n, [mode, str(n - 1), str(timeout_s)],
+                         env=dict(ENV, CHORUS_PY_DIR=d), nodes=nodes)
+        survivors = ranks.finish(rs[:-1], 120)
+        rs[-1].proc.kill()
+        ranks.finish(rs[-1:], 30)
+        for r in survivors:
+            self.assertEqual(r.rc, 3, ranks.report(rs))
+            line = next(l for l in r.out.splitlines() if l.startswith("raised after"))
+            seconds = float(line.split()[2])
+            self.assertIn("allreduce", line)
+            self.assertIn("rank", line)
+            self.assertIn("host", line)
+            self.assertIn("aborted and cannot be used", r.out)
+            yield r, seconds, line
+
+    def test_killed_rank(self):
+        for n, nodes in ((3, 1), (4, 2)):
+            with self.subTest(world_size=n, nodes=nodes):
+                for r, seconds, line in self.run_victim("kill", n, nodes, 60):
+                    # The issue's deadline: a dead peer is an error within 5 s.
+                    self.assertLess(seconds, 5.0, line)
+
+    def test_stopped_rank_times_out(self):
+        for r, seconds, line in self.run_victim("stop", 3, 1, 3):
+            self.assertTrue("timed out" in line or "aborted" in line, line)
+
+
+if __name__ == "__main__":
+    unittest.main()
