@@ -131,7 +131,7 @@ run_gloo() {
   port=$(free_port)
   for ((rank = 0; rank < RANKS; rank++)); do
     RANK=$rank WORLD_SIZE=$RANKS MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
-      OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" $PY "$ROOT/bench/gloo_allreduce.py" "$@" \
+      OMP_NUM_THREADS=1 timeout -k 10 "$timeout_s" $PY "$ROOT/bench/torch_allreduce.py" "$@" \
       >>"$WORK/gloo.out.$rank" 2>>"$WORK/gloo.log" &
     pids+=($!)
   done

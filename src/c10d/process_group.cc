@@ -258,12 +258,18 @@ ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<::c10d::Store>& 
   comms_->p2p[0] = Communicator::create(chorus_store, rank, size, options);
   options.comm_id = "torch/p2p-down";
   comms_->p2p[1] = Communicator::create(chorus_store, rank, size, options);
-  completer_ = std::make_unique<Completer>();
+  completer_ = std::make_shared<Completer>();
 }
 
 ProcessGroupChorus::~ProcessGroupChorus() {
-  // Completes what is queued first (each operation ends within the group's timeout),
-  // then the communicators close.
+  // Every operation ends within the group's timeout; finish them all before the
+  // communicators close.
+  std::deque<c10::intrusive_ptr<ChorusWork>> pending;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    pending.swap(pending_);
+  }
+  for (auto& work : pending) work->complete();
   completer_.reset();
 }
 
@@ -273,8 +279,11 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::launch(OpType type, std::vector<Work
                                                    std::vector<at::Tensor> keep) {
   ++sequence_;
   auto work = c10::make_intrusive<ChorusWork>(rank_, type, std::move(parts), std::move(outputs),
-                                              std::move(finish), std::move(keep), comms_);
-  completer_->push(work);
+                                              std::move(finish), std::move(keep), comms_,
+                                              completer_);
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  while (!pending_.empty() && pending_.front()->operations_done()) pending_.pop_front();
+  pending_.push_back(work);
   return work;
 }
 

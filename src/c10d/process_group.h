@@ -103,7 +103,11 @@ class ProcessGroupChorus : public BackendBase {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Comms> comms_;
   std::atomic<uint64_t> sequence_{0};
-  std::unique_ptr<Completer> completer_;
+  std::shared_ptr<Completer> completer_;
+  // Every work until its operations are done, so that the buffers they use stay alive
+  // even when the caller drops the work; done ones are let go at the next launch.
+  std::mutex pending_mutex_;
+  std::deque<c10::intrusive_ptr<ChorusWork>> pending_;  // guarded by pending_mutex_
 };
 
 }  // namespace chorus::c10d_backend

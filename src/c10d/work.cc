@@ -15,13 +15,15 @@ void Comms::abort_all(const std::string& reason) {
 
 ChorusWork::ChorusWork(int rank, ::c10d::OpType type, std::vector<::chorus::Work> parts,
                        std::vector<at::Tensor> outputs, Finisher finish,
-                       std::vector<at::Tensor> keep, std::shared_ptr<Comms> comms)
+                       std::vector<at::Tensor> keep, std::shared_ptr<Comms> comms,
+                       std::weak_ptr<Completer> completer)
     : ::c10d::Work(rank, type),
       parts_(std::move(parts)),
       outputs_(std::move(outputs)),
       finish_(std::move(finish)),
       keep_(std::move(keep)),
       comms_(std::move(comms)),
+      completer_(std::move(completer)),
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()))) {}
 
@@ -55,14 +57,19 @@ void ChorusWork::complete() {
   }
 }
 
+bool ChorusWork::operations_done() const {
+  for (const ::chorus::Work& part : parts_) {
+    if (!part.is_completed()) return false;
+  }
+  return true;
+}
+
 bool ChorusWork::isCompleted() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) return true;
   }
-  for (const ::chorus::Work& part : parts_) {
-    if (!part.is_completed()) return false;
-  }
+  if (!operations_done()) return false;
   complete();
   return true;
 }
@@ -95,7 +102,16 @@ bool ChorusWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> ChorusWork::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> ChorusWork::getFuture() {
+  if (!future_asked_.exchange(true)) {
+    if (auto completer = completer_.lock()) {
+      completer->push(c10::intrusive_ptr<ChorusWork>::reclaim_copy(this));
+    } else {
+      complete();  // the group is gone, and with it every operation it ran
+    }
+  }
+  return future_;
+}
 
 Completer::~Completer() {
   std::vector<std::thread> threads;

@@ -3,16 +3,17 @@
 // A Work wraps one chorus::Work (or several, run as one) plus what has to happen once
 // it is done: copying results back into tensors that were not contiguous, splitting a
 // packed buffer into a list of tensors. That step runs exactly once, on whichever
-// thread gets there first: the caller of wait() (the usual case, so a waited operation
-// costs no thread hop) or the completion thread, which waits for every operation in
-// issue order and marks its future, so that DDP's hooks (which only look at the future)
-// run without anyone calling wait().
+// thread gets there first: the caller of wait() or isCompleted() (the usual case: the
+// caller runs the operation itself, as chorus's Work::wait does, and no thread hop is
+// paid), or, once somebody asked for the future, a completion thread, so that DDP's
+// hooks (which only look at the future) run without anyone calling wait().
 //
 // Errors: wait() throws the chorus::Error of the operation (a std::runtime_error, a
 // Python RuntimeError), the future holds the same exception. A fatal error (a dead or
 // stopped peer, a timeout) breaks the whole process group (see Comms::abort_all).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -39,6 +40,8 @@ struct Comms {
   void abort_all(const std::string& reason);
 };
 
+class Completer;
+
 class ChorusWork : public ::c10d::Work {
  public:
   using Finisher = std::function<void()>;
@@ -46,7 +49,7 @@ class ChorusWork : public ::c10d::Work {
   // future completes with `outputs`. `keep` holds tensors the operation reads or writes.
   ChorusWork(int rank, ::c10d::OpType type, std::vector<::chorus::Work> parts,
              std::vector<at::Tensor> outputs, Finisher finish, std::vector<at::Tensor> keep,
-             std::shared_ptr<Comms> comms);
+             std::shared_ptr<Comms> comms, std::weak_ptr<Completer> completer);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -55,10 +58,13 @@ class ChorusWork : public ::c10d::Work {
   void synchronize() override {}
   // timeout 0 (kNoTimeout): until done, which chorus bounds by the group's timeout.
   bool wait(std::chrono::milliseconds timeout) override;
+  // The first call hands the work to the group's completion threads.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
   // Waits for the chorus operations, runs the finisher, completes the future; once.
   void complete();
+  // True once every chorus operation has finished (the finisher may not have run).
+  bool operations_done() const;
 
  private:
   std::vector<::chorus::Work> parts_;
@@ -66,12 +72,15 @@ class ChorusWork : public ::c10d::Work {
   Finisher finish_;
   std::vector<at::Tensor> keep_;
   std::shared_ptr<Comms> comms_;
+  std::weak_ptr<Completer> completer_;
+  std::atomic<bool> future_asked_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::mutex complete_mutex_;  // held while complete() runs: others wait for it
   bool done_ = false;          // guarded by complete_mutex_
 };
 
-// Completes works in the order they were queued, one per process group. A future's
+// Completes the works whose futures were asked for, in the order they were asked, one
+// per process group. A future's
 // callbacks run on the thread that completes it, and a callback may issue another
 // operation and wait for its future (PowerSGD's hook does): so whenever a work is
 // queued while every thread is busy, another thread starts (at most kMaxThreads;

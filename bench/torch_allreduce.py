@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Gloo allreduce (f32 sum) timing, the Gloo column of bench/compare_allreduce.sh.
+"""torch.distributed all_reduce (f32 sum) timing on gloo or chorus: the Gloo column of
+bench/compare_allreduce.sh, both columns of bench/compare_torch_backends.sh.
 
 Run one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and
 GLOO_SOCKET_IFNAME=lo) set; needs Debian's python3-torch, so start it with /usr/bin/python3.
@@ -7,7 +8,8 @@ GLOO_SOCKET_IFNAME=lo) set; needs Debian's python3-torch, so start it with /usr/
 For every size from -b to -e (times -f each step) it runs -w warm-up allreduces, then a
 barrier, then -n back-to-back torch.distributed.all_reduce calls (synchronous, so each
 is issued and waited); the time per op is the average, taken as the maximum over ranks.
-torch's all_reduce is in place only. Rank 0 prints one machine-readable line per size:
+torch's all_reduce is in place only. --backend chorus imports torch_chorus (put
+build/python on PYTHONPATH). Rank 0 prints one machine-readable line per size:
     size_bytes time_us wrong_elements
 Lines starting with '#' are comments. Inputs are rank+1 on every element before each
 timed loop; the check runs on a separate single allreduce, since in-place repetition
@@ -38,6 +40,7 @@ def parse_args():
     parser.add_argument("-f", "--stepfactor", type=int, default=2)
     parser.add_argument("-n", "--iters", type=int, default=20)
     parser.add_argument("-w", "--warmup_iters", type=int, default=5)
+    parser.add_argument("--backend", choices=["gloo", "chorus"], default="gloo")
     args = parser.parse_args()
     if args.stepfactor < 2 or args.iters < 1 or not 4 <= args.minbytes <= args.maxbytes:
         parser.error("need -f >= 2, -n >= 1, 4 <= -b <= -e")
@@ -76,11 +79,13 @@ def count_wrong(tensor, rank, world):
 def main():
     args = parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://")
+    if args.backend == "chorus":
+        import torch_chorus  # noqa: F401  registers the backend
+    dist.init_process_group(args.backend, init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     buffer = torch.empty(args.maxbytes // 4, dtype=torch.float32)
     if rank == 0:
-        print(f"# gloo allreduce f32 sum, {world} ranks: size_bytes time_us wrong", flush=True)
+        print(f"# {args.backend} allreduce f32 sum, {world} ranks: size_bytes time_us wrong", flush=True)
     for size in sizes(args):
         count = size // 4
         tensor = buffer[:count]
