@@ -508,7 +508,9 @@ pid_t spawn_rank(const std::vector<std::string>& args, int rank, int size, int n
   if (where.node >= 0) setenv("CHORUS_NODE_ID", ("node" + std::to_string(where.node)).c_str(), 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-  unsetenv("CHORUS_STORE_HOSTED");  // rank 0 hosts the store itself
+  unsetenv("CHORUS_STORE_HOSTED");  // rank 0 hosts the store itself, on MASTER_PORT
+  unsetenv("CHORUS_STORE_ADDR");
+  unsetenv("CHORUS_STORE_PORT");
   execv("/proc/self/exe", argv.data());
   std::fprintf(stderr, "chorus-bench: exec /proc/self/exe: %s\n", std::strerror(errno));
   _exit(127);

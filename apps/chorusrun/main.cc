@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
     std::cerr << "chorusrun: " << e.what() << "\n";
     return 2;
   }
+  for (const std::string& warning : options.warnings)
+    std::cerr << "chorusrun: warning: " << warning << "\n";
   // Orphaned grandchildren of workers are re-parented to chorusrun, not to init (which
   // does not reap them on every machine): then the process groups of a stopped job
   // really empty out, and none of its processes outlives chorusrun.

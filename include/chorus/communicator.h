@@ -134,7 +134,8 @@ class Communicator {
                                               CommOptions options = CommOptions::from_env());
 
   // The `env://` start-up: RANK, WORLD_SIZE (both default to a 1-rank job when
-  // neither is set), MASTER_ADDR, MASTER_PORT; see store_from_env().
+  // neither is set), MASTER_ADDR, MASTER_PORT (or CHORUS_STORE_ADDR, CHORUS_STORE_PORT
+  // where a launcher hosts the store); see store_from_env().
   static std::shared_ptr<Communicator> from_env(CommOptions options = CommOptions::from_env());
 
   virtual ~Communicator() = default;

@@ -198,8 +198,10 @@ class TcpStore : public Store {
   std::unique_ptr<Impl> impl_;
 };
 
-// The store of an `env://` job: connects to MASTER_ADDR:MASTER_PORT (default
-// 127.0.0.1:29500). When `rank` is 0 and no launcher hosts the store
+// The store of an `env://` job: connects to CHORUS_STORE_ADDR:CHORUS_STORE_PORT when
+// set (a launcher that hosts the store sets them), else MASTER_ADDR:MASTER_PORT (default
+// 127.0.0.1:29500); each of the two falls back on its own. Throws ConfigError naming
+// the variable for a bad port. When `rank` is 0 and no launcher hosts the store
 // (CHORUS_STORE_HOSTED unset), a TcpStoreServer is started there first and kept
 // alive as long as the returned store. The store's timeout is the connect timeout.
 std::shared_ptr<Store> store_from_env(int rank);

@@ -17,42 +17,81 @@ namespace chorus::run {
 namespace {
 
 constexpr std::string_view kDefault = "default";
+constexpr std::string_view kChorusPrefix = "CHORUS_RUN_";
+constexpr std::string_view kPetPrefix = "PET_";
 constexpr int kIntMax = std::numeric_limits<int>::max();
 
-// One chorusrun option. The LaunchOptions member, the underscore spelling and the
-// CHORUS_RUN_ variable are all derived from the dashed name.
+// One chorusrun option. The LaunchOptions member, the underscore spelling, the
+// CHORUS_RUN_ variable and the PET_ variable are all derived from the dashed name.
 struct OptionSpec {
+  constexpr OptionSpec(std::string_view name, std::string_view value_name,
+                       std::string_view default_value, std::string_view help,
+                       bool torchrun = false, std::string_view short_flag = {})
+      : name(name), value_name(value_name), default_value(default_value), help(help),
+        torchrun(torchrun), short_flag(short_flag) {}
   std::string_view name;           // "nproc-per-node"
   std::string_view value_name;     // "N|auto"; empty for a flag
   std::string_view default_value;  // parsed like any given value
   std::string_view help;
+  bool torchrun;                   // torchrun has it too: also read from PET_<OPTION>
+  std::string_view short_flag;     // torchrun's one-letter spelling ("-m"), if any
 };
 
 constexpr OptionSpec kOptions[] = {
-    {"nproc-per-node", "N|auto", "1", "workers on this node; auto: one per CPU"},
-    {"nnodes", "N", "1", "number of nodes, each running one chorusrun"},
-    {"node-rank", "K", "0", "rank of this node, 0 .. nnodes-1"},
-    {"master-addr", "HOST", "127.0.0.1", "address of node 0, which hosts the rendezvous store"},
+    {"nproc-per-node", "N|auto", "1", "workers on this node; auto: one per CPU", true},
+    {"nnodes", "N|N:N", "1",
+     "number of nodes, each running one chorusrun; MIN:MAX only with MIN == MAX\n"
+     "      (elastic ranges are not supported yet)",
+     true},
+    {"node-rank", "K", "0", "rank of this node, 0 .. nnodes-1", true},
+    {"master-addr", "HOST", "127.0.0.1",
+     "address of node 0, whose launcher hosts the rendezvous store;\n"
+     "      an exported MASTER_ADDR is the default below the variables",
+     true},
     {"master-port", "PORT", "29500",
-     "port of the store on node 0: 1..65535 (0 only with --standalone)"},
-    {"standalone", "", "0", "one node on 127.0.0.1, the store on a free port"},
-    {"max-restarts", "N", "0", "times the whole job is restarted after a worker fails"},
-    {"monitor-interval", "SECONDS", "0.1", "how often workers are checked: 0.001..3600"},
-    {"rdzv-id", "ID", "none", "job id, also the job token"},
-    {"log-dir", "DIR", "", "per-rank log files below DIR; empty: none"},
+     "port of that store: 1..65535 (0 only with --standalone); an exported\n"
+     "      MASTER_PORT is the default below the variables; the workers get\n"
+     "      another port as MASTER_PORT (see below)",
+     true},
+    {"standalone", "", "0", "one node on 127.0.0.1, the store on a free port", true},
+    {"rdzv-backend", "static|c10d", "static",
+     "how the launchers meet; both mean the same here: node 0's launcher\n"
+     "      hosts the store (etcd and etcd-v2 are not supported)",
+     true},
+    {"rdzv-endpoint", "HOST[:PORT]", "",
+     "another spelling of --master-addr HOST [--master-port PORT]", true},
+    {"rdzv-conf", "CONF", "", "must be empty: rendezvous settings are not supported", true},
+    {"max-restarts", "N", "0", "times the whole job is restarted after a worker fails", true},
+    {"monitor-interval", "SECONDS", "0.1", "how often workers are checked: 0.001..3600", true},
+    {"rdzv-id", "ID", "none", "job id, also the job token", true},
+    {"log-dir", "DIR", "", "per-rank log files below DIR; empty: none", true},
     {"tee", "0-3", "0",
      "streams whose console lines get a rank prefix:\n"
-     "      0 none, 1 stdout, 2 stderr, 3 both"},
+     "      0 none, 1 stdout, 2 stderr, 3 both",
+     true, "-t"},
     {"redirects", "0-3", "0",
      "streams that go only to the log files (needs --log-dir):\n"
-     "      0 none, 1 stdout, 2 stderr, 3 both"},
-    {"local-addr", "ADDR", "", "address this node listens on; empty: chosen by route"},
+     "      0 none, 1 stdout, 2 stderr, 3 both",
+     true, "-r"},
+    {"local-addr", "ADDR", "", "address this node listens on; empty: chosen by route", true},
     {"grace-period", "SECONDS", "5",
      "time from SIGTERM to SIGKILL when workers are stopped: 0..86400"},
     {"cpu-bind", "auto|none|share", "auto",
      "bind workers to CPUs: share: each its share of this launcher's CPUs\n"
      "      (one each, in turn, when workers outnumber CPUs); none: no binding;\n"
      "      auto: share only when workers outnumber CPUs"},
+    {"module", "", "0", "PROGRAM is a Python module: run PYTHON -u -m PROGRAM ARGS...", true,
+     "-m"},
+    {"no-python", "", "0", "run PROGRAM itself, even when its name ends in .py", true},
+    {"python", "PATH", "",
+     "interpreter for --module and for a PROGRAM ending in .py; empty:\n"
+     "      /usr/bin/python3 if it exists, else python3 from PATH"},
+    {"use-env", "", "0",
+     "torch.distributed.launch's flag: workers read LOCAL_RANK from the\n"
+     "      environment; that is always so here (it only refuses --local-rank-arg)"},
+    {"local-rank-arg", "", "0",
+     "also pass --local_rank=N as the last argument of each worker, as\n"
+     "      python -m torch.distributed.launch does without --use-env"},
 };
 
 std::string member_name(const OptionSpec& spec) {
@@ -63,17 +102,19 @@ std::string member_name(const OptionSpec& spec) {
 
 std::string dashed_flag(const OptionSpec& spec) { return "--" + std::string(spec.name); }
 
-std::string environment_name(const OptionSpec& spec) {
-  std::string name = "CHORUS_RUN_" + member_name(spec);
+// "CHORUS_RUN_NPROC_PER_NODE" for prefix "CHORUS_RUN_", "PET_NPROC_PER_NODE" for "PET_".
+std::string environment_name(const OptionSpec& spec, std::string_view prefix) {
+  std::string name = std::string(prefix) + member_name(spec);
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return std::toupper(c); });
   return name;
 }
 
-// "--nproc-per-node" or "--nproc_per_node" -> its spec.
+// "--nproc-per-node", "--nproc_per_node" or a short flag ("-m") -> its spec.
 const OptionSpec* find_spec(std::string_view flag) {
   for (const OptionSpec& spec : kOptions) {
     if (flag == dashed_flag(spec) || flag == "--" + member_name(spec)) return &spec;
+    if (!spec.short_flag.empty() && flag == spec.short_flag) return &spec;
   }
   return nullptr;
 }
@@ -91,6 +132,7 @@ std::string describe(const Given& given) {
   bool quote = given.text.empty() || given.text.find(' ') != std::string::npos;
   std::string text = quote ? "\"" + given.text + "\"" : given.text;
   bool from_command_line = given.source.rfind("--", 0) == 0;
+  if (from_command_line && given.text == "true") return given.source;  // a bare flag
   return given.source + (from_command_line ? " " : "=") + text;
 }
 
@@ -106,9 +148,11 @@ std::string reference(const Given& given, std::string_view option) {
 
 // --- The command line --------------------------------------------------------------
 
-// In "--opt VALUE", a VALUE like "--nnodes" or "-h" is far more likely a forgotten value
-// than a real one (argparse refuses it too); "--opt=--odd" still gives such a value.
-bool looks_like_option(const std::string& arg) { return arg.rfind("--", 0) == 0 || arg == "-h"; }
+// In "--opt VALUE", a VALUE like "--nnodes", "-h" or "-m" is far more likely a forgotten
+// value than a real one (argparse refuses it too); "--opt=--odd" still gives such a value.
+bool looks_like_option(const std::string& arg) {
+  return arg.rfind("--", 0) == 0 || arg == "-h" || (arg.size() == 2 && find_spec(arg) != nullptr);
+}
 
 void check_value_follows(const std::vector<std::string>& args, size_t i, const OptionSpec& spec) {
   std::string needs = args[i] + ": needs a value (" + std::string(spec.value_name) + ")";
@@ -127,8 +171,8 @@ std::vector<std::string> with_explicit_values(const std::vector<std::string>& ar
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "--" || arg.rfind("--", 0) != 0) break;  // the program, or not ours
-    size_t equals = arg.find('=');
+    if (arg == "--" || arg.rfind("-", 0) != 0) break;  // the program
+    size_t equals = arg.rfind("--", 0) == 0 ? arg.find('=') : std::string::npos;
     const OptionSpec* spec = find_spec(std::string_view(arg).substr(0, equals));
     if (spec == nullptr || spec->value_name.empty()) {
       out.push_back(arg);  // a flag, or unknown: CLI11 handles both
@@ -173,6 +217,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   std::map<std::string, CLI::Option*> options;
   for (const OptionSpec& spec : kOptions) {
     std::string names = dashed_flag(spec) + ",--" + member_name(spec);
+    if (!spec.short_flag.empty()) names = std::string(spec.short_flag) + "," + names;
     options[member_name(spec)] =
         spec.value_name.empty()
             ? app.add_flag(names)
@@ -193,12 +238,69 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
 
 // --- Other sources ---------------------------------------------------------------
 
-void add_environment(const Environment& env, GivenValues& given) {
+// The values of one level of variables (prefix "CHORUS_RUN_" or "PET_"); PET_ only for
+// the options torchrun has.
+GivenValues from_environment(const Environment& env, std::string_view prefix) {
+  GivenValues given;
   for (const OptionSpec& spec : kOptions) {
-    auto it = env.find(environment_name(spec));
+    if (prefix == kPetPrefix && !spec.torchrun) continue;
+    auto it = env.find(environment_name(spec, prefix));
     // An empty variable counts as unset, so that `VAR= chorusrun ...` clears it.
-    if (it == env.end() || it->second.empty() || given.count(member_name(spec)) > 0) continue;
+    if (it == env.end() || it->second.empty()) continue;
     given[member_name(spec)] = {it->second, it->first};
+  }
+  return given;
+}
+
+// Values of a lower level fill only what the higher ones left open.
+void add_below(const GivenValues& lower, GivenValues& given) {
+  for (const auto& [key, value] : lower) given.try_emplace(key, value);
+}
+
+// "HOST", "HOST:PORT", "[V6]" or "[V6]:PORT" -> host and port (empty when not given).
+std::pair<std::string, std::string> split_endpoint(const Given& endpoint) {
+  const std::string& text = endpoint.text;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos) reject(endpoint, "an IPv6 address needs its closing ]");
+    std::string rest = text.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') reject(endpoint, "must be HOST or HOST:PORT");
+    return {text.substr(1, close - 1), rest.empty() ? "" : rest.substr(1)};
+  }
+  size_t colon = text.rfind(':');
+  // More than one colon and no brackets: an IPv6 address without a port.
+  if (colon == std::string::npos || text.find(':') != colon) return {text, ""};
+  return {text.substr(0, colon), text.substr(colon + 1)};
+}
+
+// --rdzv-endpoint HOST[:PORT] is --master-addr HOST [--master-port PORT] given at the
+// same level (command line, CHORUS_RUN_ or PET_): the same value twice is fine, two
+// different ones at one level are refused.
+void map_endpoint(GivenValues& level) {
+  auto endpoint = level.find("rdzv_endpoint");
+  if (endpoint == level.end() || endpoint->second.text.empty()) return;
+  auto [host, port] = split_endpoint(endpoint->second);
+  if (host.empty()) reject(endpoint->second, "needs a host: HOST or HOST:PORT");
+  for (auto [key, text] : {std::pair{"master_addr", host}, std::pair{"master_port", port}}) {
+    if (text.empty()) continue;
+    auto it = level.find(key);
+    if (it != level.end() && it->second.text != text) {
+      throw UsageError(describe(endpoint->second) + ": contradicts " + describe(it->second) +
+                       " (--rdzv-endpoint gives the master address and port; give one of them)");
+    }
+    level[key] = {text, endpoint->second.source};
+  }
+}
+
+// torch's own start-up variables, exported by whoever runs chorusrun (or by a job
+// controller): defaults of --master-addr/--master-port below every option source.
+// --standalone runs on 127.0.0.1 and so takes MASTER_PORT only (warn_unused_master_addr).
+void add_exported_master(const Environment& env, bool standalone, GivenValues& given) {
+  for (auto [variable, key] : {std::pair{"MASTER_ADDR", "master_addr"},
+                               std::pair{"MASTER_PORT", "master_port"}}) {
+    if (standalone && std::string_view(key) == "master_addr") continue;
+    auto it = env.find(variable);
+    if (it != env.end() && !it->second.empty()) given.try_emplace(key, Given{it->second, variable});
   }
 }
 
@@ -240,13 +342,17 @@ void add_defaults(GivenValues& given) {
 
 // --- Values ------------------------------------------------------------------------
 
-int to_int(const Given& given, int min, int max, std::string_view allowed) {
-  const std::string& text = given.text;
+std::optional<int> whole_number(std::string_view text) {
   int value = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  bool whole = error == std::errc() && end == text.data() + text.size();
-  if (!whole || value < min || value > max) reject(given, allowed);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
+}
+
+int to_int(const Given& given, int min, int max, std::string_view allowed) {
+  std::optional<int> value = whole_number(given.text);
+  if (!value || *value < min || *value > max) reject(given, allowed);
+  return *value;
 }
 
 std::chrono::milliseconds to_duration(const Given& given, double min_s, double max_s,
@@ -286,6 +392,41 @@ int to_nproc(const Given& given, int cpus) {
   return to_int(given, 1, kIntMax, "must be a whole number >= 1, or auto");
 }
 
+// "N", or torchrun's "MIN:MAX" with MIN == MAX.
+int to_nnodes(const Given& given) {
+  size_t colon = given.text.find(':');
+  if (colon == std::string::npos) return to_int(given, 1, kIntMax, "must be a whole number >= 1");
+  std::string_view text = given.text;
+  std::optional<int> low = whole_number(text.substr(0, colon));
+  std::optional<int> high = whole_number(text.substr(colon + 1));
+  if (!low || !high || *low < 1 || *low > *high) {
+    reject(given, "must be N or MIN:MAX with whole numbers 1 <= MIN <= MAX");
+  }
+  if (*low != *high) {
+    reject(given, "elastic ranges (MIN:MAX with MIN < MAX) are not supported yet; give one number");
+  }
+  return *low;
+}
+
+std::string to_host(const Given& given) {
+  std::string_view allowed = "must be a host name or address";
+  if (given.text.empty()) reject(given, allowed);
+  for (unsigned char c : given.text) {
+    if (!std::isalnum(c) && c != '.' && c != '-' && c != '_' && c != ':' && c != '%')
+      reject(given, allowed);
+  }
+  return given.text;
+}
+
+std::string to_backend(const Given& given) {
+  if (given.text == "static" || given.text == "c10d") return given.text;
+  if (given.text == "etcd" || given.text == "etcd-v2") {
+    reject(given, "etcd rendezvous is not supported: the launchers meet in the store that node "
+                  "0's launcher hosts; use static or c10d");
+  }
+  reject(given, "must be static or c10d (both: node 0's launcher hosts the store)");
+}
+
 uint16_t to_port(const Given& given, bool standalone) {
   return static_cast<uint16_t>(
       to_int(given, standalone ? 0 : 1, 65535,
@@ -295,10 +436,16 @@ uint16_t to_port(const Given& given, bool standalone) {
 void convert_values(const GivenValues& given, int cpus, LaunchOptions& options) {
   options.standalone = to_bool(given.at("standalone"));
   options.nproc_per_node = to_nproc(given.at("nproc_per_node"), cpus);
-  options.nnodes = to_int(given.at("nnodes"), 1, kIntMax, "must be a whole number >= 1");
+  options.nnodes = to_nnodes(given.at("nnodes"));
   options.node_rank = to_int(given.at("node_rank"), 0, kIntMax, "must be a whole number >= 0");
-  options.master_addr = to_nonempty(given.at("master_addr"), "must be a host name or address");
+  options.master_addr = to_host(given.at("master_addr"));
   options.master_port = to_port(given.at("master_port"), options.standalone);
+  options.rdzv_backend = to_backend(given.at("rdzv_backend"));
+  options.rdzv_endpoint = given.at("rdzv_endpoint").text;
+  if (!given.at("rdzv_conf").text.empty()) {
+    reject(given.at("rdzv_conf"), "rendezvous settings are not supported (the launchers' "
+                                  "deadline is CHORUS_CONNECT_TIMEOUT); leave it empty");
+  }
   options.max_restarts =
       to_int(given.at("max_restarts"), 0, kIntMax, "must be a whole number >= 0");
   options.monitor_interval = to_duration(given.at("monitor_interval"), 0.001, 3600,
@@ -311,6 +458,11 @@ void convert_values(const GivenValues& given, int cpus, LaunchOptions& options) 
   options.grace_period = to_duration(given.at("grace_period"), 0, 86400,
                                      "must be a number of seconds from 0 to 86400");
   options.cpu_bind = to_cpu_bind(given.at("cpu_bind"));
+  options.module = to_bool(given.at("module"));
+  options.no_python = to_bool(given.at("no_python"));
+  options.python = given.at("python").text;
+  options.use_env = to_bool(given.at("use_env"));
+  options.local_rank_arg = to_bool(given.at("local_rank_arg"));
   for (const auto& [key, value] : given) options.source[key] = value.source;
 }
 
@@ -327,7 +479,9 @@ void apply_standalone(const GivenValues& given, LaunchOptions& options) {
   };
   if (options.nnodes > 1) conflict("nnodes", "standalone runs one node");
   if (options.node_rank > 0) conflict("node_rank", "standalone runs node 0 only");
-  if (options.master_addr != "127.0.0.1") conflict("master_addr", "standalone uses 127.0.0.1");
+  if (options.master_addr != "127.0.0.1" && options.master_addr != "localhost")
+    conflict("master_addr", "standalone uses 127.0.0.1");
+  options.master_addr = "127.0.0.1";
   for (const char* key : {"nnodes", "node_rank", "master_addr"}) {
     if (given.at(key).source == kDefault) options.source[key] = standalone;
   }
@@ -345,16 +499,37 @@ void check_combinations(const GivenValues& given, const LaunchOptions& options) 
   if (options.redirects != Streams::kNone && options.log_dir.empty()) {
     reject(given.at("redirects"), "needs --log-dir (redirected streams go only to log files)");
   }
+  auto both = [&](const char* a, const char* b, const std::string& why) {
+    throw UsageError(describe(given.at(a)) + ": cannot be combined with " + describe(given.at(b)) +
+                     " (" + why + ")");
+  };
+  if (options.module && options.no_python) both("module", "no_python", "a module needs Python");
+  if (options.use_env && options.local_rank_arg) {
+    both("local_rank_arg", "use_env", "--use-env means: no --local_rank argument");
+  }
+}
+
+// With --standalone the job runs on 127.0.0.1: an exported MASTER_ADDR naming another
+// host is left aside, which is said rather than done silently.
+void warn_unused_master_addr(const Environment& env, LaunchOptions& options) {
+  auto it = env.find("MASTER_ADDR");
+  if (!options.standalone || it == env.end() || it->second.empty()) return;
+  if (it->second == "127.0.0.1" || it->second == "localhost") return;
+  options.warnings.push_back("MASTER_ADDR=" + it->second + " is not used: " +
+                             options.source.at("standalone") + " runs on 127.0.0.1");
 }
 
 void append_option_help(const OptionSpec& spec, std::ostringstream& out) {
-  out << "  " << dashed_flag(spec);
+  out << "  " << (spec.short_flag.empty() ? "" : std::string(spec.short_flag) + ", ")
+      << dashed_flag(spec);
   if (!spec.value_name.empty()) out << " " << spec.value_name;
   std::string shown_default =
       spec.default_value.empty() ? "empty" : std::string(spec.default_value);
   if (spec.value_name.empty()) shown_default = "off";
   out << "\n      " << spec.help << "\n      default: " << shown_default
-      << "; environment: " << environment_name(spec) << "\n";
+      << "; environment: " << environment_name(spec, kChorusPrefix);
+  if (spec.torchrun) out << ", " << environment_name(spec, kPetPrefix);
+  out << "\n";
 }
 
 }  // namespace
@@ -377,15 +552,21 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const Environm
     throw UsageError("no program given: usage: chorusrun [options] PROGRAM [ARGS...]");
   }
   GivenValues given = std::move(line.given);
-  add_environment(env, given);
+  GivenValues chorus_variables = from_environment(env, kChorusPrefix);
+  GivenValues pet_variables = from_environment(env, kPetPrefix);
+  for (GivenValues* level : {&given, &chorus_variables, &pet_variables}) map_endpoint(*level);
+  add_below(chorus_variables, given);
+  add_below(pet_variables, given);
   // --standalone is one node on this machine, whatever the cluster says.
   bool standalone = given.count("standalone") > 0 && to_bool(given.at("standalone"));
+  add_exported_master(env, standalone, given);
   if (!standalone) add_cluster(env, given);
   add_defaults(given);
   LaunchOptions options;
   convert_values(given, cpus, options);
   apply_standalone(given, options);
   check_combinations(given, options);
+  warn_unused_master_addr(env, options);
   options.program = std::move(line.program);
   options.program_args = std::move(line.program_args);
   return options;
@@ -393,16 +574,33 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const Environm
 
 std::string usage_text() {
   std::ostringstream out;
-  out << "usage: chorusrun [options] PROGRAM [ARGS...]\n\n"
+  out << "usage: chorusrun [options] PROGRAM [ARGS...]\n"
+         "       chorusrun [options] -m MODULE [ARGS...]\n\n"
          "Starts PROGRAM as --nproc-per-node workers on each of --nnodes nodes and supervises\n"
          "them. Options end at PROGRAM or at \"--\"; everything after PROGRAM is passed to it\n"
          "unchanged. Options are spelled with dashes or underscores (--nproc-per-node,\n"
          "--nproc_per_node), with the value as --opt VALUE or --opt=VALUE.\n\n"
+         "How each worker is started (as torchrun does):\n"
+         "  -m MODULE ARGS      PYTHON -u -m MODULE ARGS\n"
+         "  SCRIPT.py ARGS      PYTHON -u SCRIPT.py ARGS (unless --no-python)\n"
+         "  PROGRAM ARGS        PROGRAM ARGS (anything else; e.g. /usr/bin/python3 train.py)\n"
+         "  PYTHON is --python; --local-rank-arg adds --local_rank=N after the last argument.\n\n"
          "options:\n";
   for (const OptionSpec& spec : kOptions) append_option_help(spec, out);
   out << "  -h, --help\n      print this text and exit\n\n"
-         "Each value comes from the first of: the command line; its CHORUS_RUN_ variable\n"
-         "(empty counts as unset; flags take 1/0); the cluster's environment; the default.\n\n"
+         "Each value comes from the first of: the command line; its CHORUS_RUN_ variable;\n"
+         "its PET_ variable (torchrun's, for the options torchrun has); for --master-addr and\n"
+         "--master-port an exported MASTER_ADDR / MASTER_PORT; the cluster's environment;\n"
+         "the default. Empty variables count as unset; flags take 1/0. --rdzv-endpoint\n"
+         "HOST[:PORT] counts as --master-addr/--master-port at its own level (two different\n"
+         "values at one level are refused). With --standalone an exported MASTER_PORT is\n"
+         "still the store's port, and an exported MASTER_ADDR naming another host is not\n"
+         "used (with a warning).\n\n"
+         "Ports: node 0's launcher hosts chorus's store on --master-port (workers of chorus\n"
+         "programs find it through CHORUS_STORE_ADDR / CHORUS_STORE_PORT). For every attempt\n"
+         "it picks another port free on the master address and gives it to all workers as\n"
+         "MASTER_PORT, so that a PyTorch program's rank 0 can bind its own TCPStore there\n"
+         "(init_process_group with env://), as under torchrun's c10d rendezvous.\n\n"
          "clusters (not read with --standalone):\n"
          "  mpirun, one chorusrun per node (OMPI_COMM_WORLD_SIZE set):\n"
          "      --nnodes OMPI_COMM_WORLD_SIZE, --node-rank OMPI_COMM_WORLD_RANK\n"

@@ -1,7 +1,11 @@
 // chorusrun's command line: torchrun's options, spelled with dashes or underscores,
-// each also settable through CHORUS_RUN_<OPTION> (e.g. CHORUS_RUN_NPROC_PER_NODE=2).
-// Precedence: command line, then CHORUS_RUN_*, then the cluster's environment
-// (Slurm, Open MPI; see cluster_env.h), then the defaults below.
+// each also settable through CHORUS_RUN_<OPTION> (e.g. CHORUS_RUN_NPROC_PER_NODE=2),
+// and those torchrun has also through torchrun's PET_<OPTION> (PET_NPROC_PER_NODE=2).
+// Precedence: command line, then CHORUS_RUN_*, then PET_*, then an exported
+// MASTER_ADDR / MASTER_PORT (for --master-addr / --master-port), then the cluster's
+// environment (Slurm, Open MPI; see cluster_env.h), then the defaults below.
+// --rdzv-endpoint HOST[:PORT] counts as --master-addr / --master-port given at its own
+// level (two different values at one level are refused).
 #pragma once
 
 #include <chrono>
@@ -36,11 +40,14 @@ enum class Streams : uint8_t { kNone = 0, kStdout = 1, kStderr = 2, kBoth = 3 };
 
 struct LaunchOptions {
   int nproc_per_node = 1;          // --nproc-per-node N|auto (auto: number of CPUs)
-  int nnodes = 1;                  // --nnodes
+  int nnodes = 1;                  // --nnodes N, or MIN:MAX with MIN == MAX
   int node_rank = 0;               // --node-rank
   std::string master_addr = "127.0.0.1";  // --master-addr
   uint16_t master_port = 29500;    // --master-port (0 only with --standalone: picked)
   bool standalone = false;         // --standalone: one node, a free port on 127.0.0.1
+  std::string rdzv_backend = "static";  // --rdzv-backend static|c10d (the same here)
+  std::string rdzv_endpoint;       // --rdzv-endpoint HOST[:PORT], as given (already
+                                   // applied to master_addr / master_port)
   int max_restarts = 0;            // --max-restarts
   std::chrono::milliseconds monitor_interval{100};  // --monitor-interval SECONDS (float)
   std::string rdzv_id = "none";    // --rdzv-id: job id, also the job token
@@ -51,8 +58,16 @@ struct LaunchOptions {
                                    // (workers get CHORUS_IF_IP); empty: chosen by route
   std::chrono::milliseconds grace_period{5000};  // --grace-period SECONDS: SIGTERM..SIGKILL
   CpuBind cpu_bind = CpuBind::kAuto;  // --cpu-bind auto|none|share (cpu_binding.h)
-  std::string program;             // PROGRAM
+  bool module = false;             // -m, --module: PROGRAM is a Python module
+  bool no_python = false;          // --no-python: PROGRAM runs itself, even as *.py
+  std::string python;              // --python PATH; empty: see python_interpreter()
+  bool use_env = false;            // --use-env (torch.distributed.launch's; the default)
+  bool local_rank_arg = false;     // --local-rank-arg: workers also get --local_rank=N
+  std::string program;             // PROGRAM (with --module: the module's name)
   std::vector<std::string> program_args;  // ARGS...
+  // Things worth telling the user that do not stop the launch ("MASTER_ADDR=... is not
+  // used"); chorusrun prints each as a warning.
+  std::vector<std::string> warnings;
   // Where each value came from, for messages: "--nnodes", "CHORUS_RUN_NNODES",
   // "SLURM_NNODES", "--standalone", "default". Keyed by member name ("nproc_per_node",
   // "master_port", ...); holds every option member (not program/program_args).
@@ -66,8 +81,9 @@ Environment current_environment();
 // Parses `args` (argv[1..]); everything from the first argument that is not an option
 // (or after "--") is the program and its arguments. Throws UsageError, or
 // HelpRequested for -h/--help. `cpus` is what --nproc-per-node auto resolves to.
-// Empty CHORUS_RUN_* variables count as unset. With --standalone the cluster's
-// environment is not read.
+// Empty CHORUS_RUN_*, PET_* and MASTER_* variables count as unset. With --standalone
+// the cluster's environment and an exported MASTER_ADDR are not read (the latter with a
+// warning when it names another host); an exported MASTER_PORT still is.
 LaunchOptions parse_options(const std::vector<std::string>& args, const Environment& env,
                             int cpus);
 

@@ -18,6 +18,25 @@ std::string job_token(const LaunchOptions& options) {
   const char* token = std::getenv("CHORUS_JOB_TOKEN");
   return token != nullptr ? token : options.rdzv_id;
 }
+
+// A port free on `host` and on the wildcard address. A port taken on another local
+// address would still stop a TCPStore that binds the wildcard, so such a pick is tried
+// again (a few times: each try is a fresh port from the kernel).
+uint16_t pick_worker_port(const std::string& host) {
+  constexpr int kTries = 8;
+  uint16_t port = 0;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    port = net::local_address(net::listen_on(host, 0).get()).port();
+    try {
+      net::listen_on("0.0.0.0", port);
+      return port;
+    } catch (const SystemError&) {
+    }
+  }
+  return port;  // free on `host` at least; a clash shows in the program's own error
+}
+
+std::string worker_port_key(int round) { return "round/" + std::to_string(round) + "/worker_port"; }
 }  // namespace
 
 LauncherRendezvous::LauncherRendezvous(const LaunchOptions& options,
@@ -94,9 +113,22 @@ bool LauncherRendezvous::join(const std::function<bool()>& interrupted) {
 }
 
 bool LauncherRendezvous::ready(int round, const std::function<bool()>& interrupted) {
+  if (options_.node_rank == 0) {
+    store_->set(worker_port_key(round), std::to_string(pick_worker_port(options_.master_addr)));
+  }
   std::string prefix = "round/" + std::to_string(round) + "/ready/";
   store_->set(prefix + std::to_string(options_.node_rank), "1");
   return wait_all("starting attempt " + std::to_string(round), node_keys(prefix), interrupted);
+}
+
+uint16_t LauncherRendezvous::worker_port(int round) {
+  std::string text = store_->get_string(worker_port_key(round));
+  int port = std::atoi(text.c_str());
+  if (port < 1 || port > 65535) {
+    throw InvalidArgumentError("the store holds no valid worker port for attempt " +
+                               std::to_string(round) + " ('" + text + "')");
+  }
+  return static_cast<uint16_t>(port);
 }
 
 std::string LauncherRendezvous::report_failure(int round, const std::string& failure) {

@@ -1,7 +1,11 @@
-// The launchers of one job meet in a store that the launcher of node 0 hosts (the
-// workers use the same store). Keys live under "chorusrun/<rdzv id>/".
+// The launchers of one job meet in a store that the launcher of node 0 hosts (chorus's
+// own workers use the same store, through CHORUS_STORE_ADDR/CHORUS_STORE_PORT). Keys
+// live under "chorusrun/<rdzv id>/".
 //
 //   node/<k>                    host of node k's launcher (join)
+//   round/<r>/worker_port       the workers' MASTER_PORT in attempt r (set by node 0
+//                               before its ready key, as torchrun's c10d rendezvous
+//                               publishes it)
 //   round/<r>/ready/<k>         node k is ready to start attempt r
 //   round/<r>/failure           the first failure of attempt r (first writer wins), JSON
 //   round/<r>/done/<k>          every worker of node k exited 0 in attempt r
@@ -37,8 +41,12 @@ class LauncherRendezvous {
   bool join(const std::function<bool()>& interrupted);
   const std::vector<std::string>& node_hosts() const { return hosts_; }
 
-  // Barrier before attempt `round`.
+  // Barrier before attempt `round`. Node 0 first picks the attempt's worker port — a
+  // port free on master_addr, and on the wildcard address where a PyTorch TCPStore
+  // binds, at that moment (bound as port 0, then closed) — and publishes it.
   bool ready(int round, const std::function<bool()>& interrupted);
+  // The MASTER_PORT of attempt `round`'s workers; call after ready(round) returned true.
+  uint16_t worker_port(int round);
 
   // Publishes `failure` (JSON text) as the first failure of `round` unless another node
   // was first. Returns the one that stands.

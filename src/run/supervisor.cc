@@ -18,6 +18,7 @@
 #include "comm/common/deadline.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "run/program.h"
 #include "run/rendezvous.h"
 #include "run/workers.h"
 
@@ -103,9 +104,13 @@ void print_summary(const json& f) {
   std::cerr << out.str() << std::flush;
 }
 
-// The complete environment of one worker.
+// The complete environment of one worker. MASTER_ADDR/MASTER_PORT are left to the
+// program's own rendezvous (a PyTorch rank 0 binds its TCPStore on that port, which
+// the store of the launchers must therefore not hold); chorus's workers find the
+// launchers' store through CHORUS_STORE_ADDR/CHORUS_STORE_PORT.
 std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_rank, int round,
-                                              const Environment& base, int cpus) {
+                                              uint16_t worker_port, const Environment& base,
+                                              int cpus) {
   std::map<std::string, std::string> env(base.begin(), base.end());
   int rank = o.node_rank * o.nproc_per_node + local_rank;
   env["RANK"] = std::to_string(rank);
@@ -115,11 +120,19 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
   env["GROUP_RANK"] = std::to_string(o.node_rank);
   env["GROUP_WORLD_SIZE"] = std::to_string(o.nnodes);
   env["MASTER_ADDR"] = o.master_addr;
-  env["MASTER_PORT"] = std::to_string(o.master_port);
+  env["MASTER_PORT"] = std::to_string(worker_port);
+  env["CHORUS_STORE_ADDR"] = o.master_addr;
+  env["CHORUS_STORE_PORT"] = std::to_string(o.master_port);
+  env["CHORUS_STORE_HOSTED"] = "1";
   env["CHORUS_RESTART_COUNT"] = std::to_string(round);
   env["CHORUS_MAX_RESTARTS"] = std::to_string(o.max_restarts);
   env["CHORUS_RUN_ID"] = o.rdzv_id;
-  env["CHORUS_STORE_HOSTED"] = "1";
+  // torchrun's names for the same, read by torch.distributed.elastic's helpers; no
+  // agent store listens on MASTER_PORT, so rank 0 must host its own TCPStore there.
+  env["TORCHELASTIC_RESTART_COUNT"] = env["CHORUS_RESTART_COUNT"];
+  env["TORCHELASTIC_MAX_RESTARTS"] = env["CHORUS_MAX_RESTARTS"];
+  env["TORCHELASTIC_RUN_ID"] = o.rdzv_id;
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   // The job id is the job token unless the user set one.
   if (env.find("CHORUS_JOB_TOKEN") == env.end()) env["CHORUS_JOB_TOKEN"] = o.rdzv_id;
   if (env.find("OMP_NUM_THREADS") == env.end()) {
@@ -237,6 +250,8 @@ int run_job(const LaunchOptions& options_in) {
   try {
     if (o.standalone) {
       o.master_addr = "127.0.0.1";
+      // --standalone picks the store's port unless one was chosen (--master-port, its
+      // variables, or an exported MASTER_PORT), as 0 asks it to.
       if (o.master_port == 0 || o.source["master_port"] == "default") {
         net::Fd probe = net::listen_on("127.0.0.1", 0);
         o.master_port = net::local_address(probe.get()).port();
@@ -248,15 +263,15 @@ int run_job(const LaunchOptions& options_in) {
     const Environment base = current_environment();
     for (int round = 0;; ++round) {
       if (!rdzv.ready(round, interrupted)) return 128 + stop_signal;
+      const uint16_t worker_port = rdzv.worker_port(round);
       std::vector<WorkerSpec> specs;
       const std::vector<int> allowed = allowed_cpus();
       for (int l = 0; l < o.nproc_per_node; ++l) {
         WorkerSpec s;
         s.rank = o.node_rank * o.nproc_per_node + l;
         s.local_rank = l;
-        s.argv.push_back(o.program);
-        s.argv.insert(s.argv.end(), o.program_args.begin(), o.program_args.end());
-        s.env = worker_env(o, l, round, base, cpus);
+        s.argv = worker_command(o, l);
+        s.env = worker_env(o, l, round, worker_port, base, cpus);
         s.cpus = cpus_for(o.cpu_bind, l, o.nproc_per_node, allowed);
         specs.push_back(std::move(s));
       }

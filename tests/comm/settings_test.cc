@@ -45,7 +45,8 @@ const char* kVars[] = {"CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CHORUS_CONNECT_TI
                        "HCCL_CONNECT_TIMEOUT", "CHORUS_ALGO", "CHORUS_IF_IP", "HCCL_IF_IP",
                        "CHORUS_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "MASTER_PORT", "RANK",
                        "WORLD_SIZE", "CHORUS_JOB_TOKEN", "CHORUS_SEGMENT_BYTES",
-                       "CHORUS_SHM_CMA"};
+                       "CHORUS_SHM_CMA", "MASTER_ADDR", "CHORUS_STORE_ADDR",
+                       "CHORUS_STORE_PORT"};
 
 class SettingsTest : public ::testing::Test {
  protected:
@@ -113,6 +114,28 @@ TEST_F(SettingsTest, BadValuesNameTheVariable) {
   EXPECT_NE(error_of([] { CommOptions::from_env(); }).find("CHORUS_ALGO"), std::string::npos);
   env_.set("CHORUS_ALGO", nullptr).set("HCCL_EXEC_TIMEOUT", "soon");
   EXPECT_NE(error_of([] { settings::op_timeout(); }).find("HCCL_EXEC_TIMEOUT"), std::string::npos);
+}
+
+// A launcher's store (CHORUS_STORE_*) wins over MASTER_ADDR/MASTER_PORT, each of the
+// two on its own; MASTER_* stay what a PyTorch program reads.
+TEST_F(SettingsTest, StoreAddressFallsBackOnTheMasterAddress) {
+  EXPECT_EQ(settings::store_addr(), "127.0.0.1");
+  EXPECT_EQ(settings::store_port(), 29500);
+  env_.set("MASTER_ADDR", "10.0.0.5").set("MASTER_PORT", "29555");
+  EXPECT_EQ(settings::store_addr(), "10.0.0.5");
+  EXPECT_EQ(settings::store_port(), 29555);
+  env_.set("CHORUS_STORE_PORT", "31000");
+  EXPECT_EQ(settings::store_addr(), "10.0.0.5");
+  EXPECT_EQ(settings::store_port(), 31000);
+  env_.set("CHORUS_STORE_ADDR", "10.0.0.6").set("CHORUS_STORE_PORT", "");
+  EXPECT_EQ(settings::store_addr(), "10.0.0.6");
+  EXPECT_EQ(settings::store_port(), 29555);
+  EXPECT_EQ(settings::master_port(), 29555);
+  for (const char* bad : {"0", "65536", "http", "12ab", "-1"}) {
+    env_.set("CHORUS_STORE_PORT", bad);
+    std::string msg = error_of([] { settings::store_port(); });
+    EXPECT_NE(msg.find("CHORUS_STORE_PORT"), std::string::npos) << bad << ": " << msg;
+  }
 }
 
 TEST_F(SettingsTest, SegmentBytesTakeSuffixesAndABoundedRange) {

@@ -16,6 +16,7 @@
 
 #include "comm/common/socket.h"
 #include "run/cpu_binding.h"
+#include "util/chorusrun.h"
 #include "util/ranks.h"
 
 namespace chorus {
@@ -25,7 +26,6 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using test::Subprocess;
 
-const std::string kRun = std::string(CHORUS_BIN_DIR) + "/chorusrun";
 const std::string kWorker = std::string(CHORUS_BIN_DIR) + "/chorus_test_worker";
 const std::string kScripted = std::string(CHORUS_BIN_DIR) + "/workers_test_helper";
 
@@ -33,33 +33,16 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-// Variables of the test's own environment that would change what the launcher does.
-const std::vector<std::string> kUnset = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
-    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "CHORUS_STORE_HOSTED", "CHORUS_JOB_TOKEN",
-    "CHORUS_RUN_NPROC_PER_NODE", "CHORUS_RUN_NNODES", "CHORUS_RUN_NODE_RANK",
-    "CHORUS_RUN_CPU_BIND"};
-
 std::unique_ptr<Subprocess> launcher(const std::vector<std::string>& args,
                                      std::map<std::string, std::string> env = {}) {
-  test::SpawnOptions o;
-  o.args = args;
-  o.unset_env = kUnset;
-  env.emplace("CHORUS_CONNECT_TIMEOUT", "30");
-  env.emplace("CHORUS_TIMEOUT", "60");
-  o.env = env;
-  return std::make_unique<Subprocess>(kRun, o);
+  return test::start_chorusrun(args, std::move(env));
 }
 
 // Launcher arguments for node `node` of a 2-node job with `nproc` workers each.
 std::vector<std::string> node_args(int node, uint16_t port, int nproc,
                                    const std::vector<std::string>& extra,
                                    const std::vector<std::string>& program) {
-  std::vector<std::string> a = {"--nnodes", "2", "--node-rank", std::to_string(node),
-                                "--nproc-per-node", std::to_string(nproc), "--master-addr",
-                                "127.0.0.2", "--master-port", std::to_string(port),
-                                "--local-addr", node == 0 ? "127.0.0.2" : "127.0.0.3",
-                                "--rdzv-id", "job-" + std::to_string(port)};
+  std::vector<std::string> a = test::simulated_node_options(node, port, nproc);
   a.insert(a.end(), extra.begin(), extra.end());
   a.push_back(kWorker);
   a.insert(a.end(), program.begin(), program.end());

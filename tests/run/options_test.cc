@@ -56,9 +56,17 @@ TEST(Options, DefaultsWhenOnlyTheProgramIsGiven) {
   EXPECT_EQ(o.local_addr, "");
   EXPECT_EQ(o.grace_period, milliseconds(5000));
   EXPECT_EQ(o.cpu_bind, CpuBind::kAuto);
+  EXPECT_EQ(o.rdzv_backend, "static");
+  EXPECT_EQ(o.rdzv_endpoint, "");
+  EXPECT_FALSE(o.module);
+  EXPECT_FALSE(o.no_python);
+  EXPECT_EQ(o.python, "");
+  EXPECT_FALSE(o.use_env);
+  EXPECT_FALSE(o.local_rank_arg);
+  EXPECT_TRUE(o.warnings.empty());
   EXPECT_EQ(o.program, "train");
   EXPECT_TRUE(o.program_args.empty());
-  EXPECT_EQ(o.source.size(), 15u);
+  EXPECT_EQ(o.source.size(), 23u);
   for (const auto& [key, source] : o.source) EXPECT_EQ(source, "default") << key;
 }
 
@@ -76,8 +84,8 @@ std::string underscored(std::string name) {
   return name;
 }
 
-std::string variable(const std::string& name) {
-  std::string upper = "CHORUS_RUN_" + underscored(name);
+std::string variable(const std::string& name, const std::string& prefix = "CHORUS_RUN_") {
+  std::string upper = prefix + underscored(name);
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return upper;
 }
@@ -110,7 +118,31 @@ const OptionCase kOptionCases[] = {
     {"local-addr", "127.0.0.2", {}, [](auto& o) { EXPECT_EQ(o.local_addr, "127.0.0.2"); }},
     {"grace-period", "1.5", {}, [](auto& o) { EXPECT_EQ(o.grace_period, milliseconds(1500)); }},
     {"cpu-bind", "share", {}, [](auto& o) { EXPECT_EQ(o.cpu_bind, CpuBind::kShare); }},
+    {"rdzv-backend", "c10d", {}, [](auto& o) { EXPECT_EQ(o.rdzv_backend, "c10d"); }},
+    {"rdzv-endpoint",
+     "10.0.0.9:2345",
+     {},
+     [](auto& o) {
+       EXPECT_EQ(o.master_addr, "10.0.0.9");
+       EXPECT_EQ(o.master_port, 2345);
+       EXPECT_EQ(o.source.at("master_addr"), o.source.at("rdzv_endpoint"));
+       EXPECT_EQ(o.source.at("master_port"), o.source.at("rdzv_endpoint"));
+     }},
+    {"module", "", {}, [](auto& o) { EXPECT_TRUE(o.module); }},
+    {"no-python", "", {}, [](auto& o) { EXPECT_TRUE(o.no_python); }},
+    {"python", "/opt/py/bin/python3", {}, [](auto& o) { EXPECT_EQ(o.python, "/opt/py/bin/python3"); }},
+    {"use-env", "", {}, [](auto& o) { EXPECT_TRUE(o.use_env); }},
+    {"local-rank-arg", "", {}, [](auto& o) { EXPECT_TRUE(o.local_rank_arg); }},
 };
+
+// The options torchrun does not have, and so no PET_ variable: chorusrun's own, and
+// torch.distributed.launch's --use-env.
+bool chorus_only(const std::string& name) {
+  for (const char* own : {"grace-period", "cpu-bind", "python", "use-env", "local-rank-arg"}) {
+    if (name == own) return true;
+  }
+  return false;
+}
 
 class EveryOption : public testing::TestWithParam<OptionCase> {
  protected:
@@ -158,6 +190,26 @@ TEST_P(EveryOption, CommandLineBeatsEnvironmentVariable) {
   // The variable holds a bad value: reading it would throw.
   expect_read(spelled("--" + GetParam().name), {{variable(GetParam().name), "bad"}},
               "--" + GetParam().name);
+}
+
+// torchrun's own variable, a default below the command line and CHORUS_RUN_.
+TEST_P(EveryOption, FromItsPetVariableAsTorchrunReadsIt) {
+  std::string name = variable(GetParam().name, "PET_");
+  std::string value = is_flag() ? "1" : GetParam().value;
+  if (chorus_only(GetParam().name)) {
+    // Not torchrun's option: a PET_ variable of that name is not chorusrun's to read.
+    Args args = GetParam().context;
+    args.push_back("prog");
+    EXPECT_EQ(parse(args, {{name, value}}).source.at(underscored(GetParam().name)), "default");
+    return;
+  }
+  expect_read({}, {{name, value}}, name);
+}
+
+TEST_P(EveryOption, ChorusVariableBeatsPetVariable) {
+  std::string value = is_flag() ? "1" : GetParam().value;
+  expect_read({}, {{variable(GetParam().name), value}, {variable(GetParam().name, "PET_"), "bad"}},
+              variable(GetParam().name));
 }
 
 INSTANTIATE_TEST_SUITE_P(Options, EveryOption, testing::ValuesIn(kOptionCases),
@@ -261,6 +313,116 @@ TEST(Options, CommandLineBeatsTheCluster) {
   EXPECT_EQ(o.master_addr, "h");
   EXPECT_EQ(o.rdzv_id, "r");
   EXPECT_EQ(o.source.at("rdzv_id"), "--rdzv-id");
+}
+
+// --- torchrun's variables, exported MASTER_ADDR/MASTER_PORT --------------------------
+
+// Each level in turn: command line > CHORUS_RUN_ > PET_ > MASTER_PORT > default.
+TEST(Options, MasterPortPrecedence) {
+  Environment env = {{"CHORUS_RUN_MASTER_PORT", "2001"},
+                     {"PET_MASTER_PORT", "2002"},
+                     {"MASTER_PORT", "2003"}};
+  const std::pair<const char*, uint16_t> levels[] = {{"CHORUS_RUN_MASTER_PORT", 2001},
+                                                     {"PET_MASTER_PORT", 2002},
+                                                     {"MASTER_PORT", 2003}};
+  LaunchOptions top = parse({"--master-port", "2000", "prog"}, env);
+  EXPECT_EQ(top.master_port, 2000);
+  EXPECT_EQ(top.source.at("master_port"), "--master-port");
+  for (const auto& [name, port] : levels) {
+    LaunchOptions o = parse({"prog"}, env);
+    EXPECT_EQ(o.master_port, port) << name;
+    EXPECT_EQ(o.source.at("master_port"), name);
+    env.erase(name);
+  }
+  EXPECT_EQ(parse({"prog"}, env).master_port, 29500);
+}
+
+TEST(Options, ExportedMasterAddressIsTheDefaultAndBeatsTheCluster) {
+  EXPECT_EQ(parse({"prog"}, {{"MASTER_ADDR", "head"}}).master_addr, "head");
+  Environment env = kSlurm;
+  env["MASTER_ADDR"] = "head";
+  LaunchOptions o = parse({"prog"}, env);
+  EXPECT_EQ(o.master_addr, "head");
+  EXPECT_EQ(o.source.at("master_addr"), "MASTER_ADDR");
+  EXPECT_EQ(o.nnodes, 4);  // the rest still comes from Slurm
+  env["PET_MASTER_ADDR"] = "pet-head";
+  EXPECT_EQ(parse({"prog"}, env).master_addr, "pet-head");
+  env["CHORUS_RUN_MASTER_ADDR"] = "chorus-head";
+  EXPECT_EQ(parse({"prog"}, env).master_addr, "chorus-head");
+  EXPECT_EQ(parse({"--master-addr", "cli", "prog"}, env).master_addr, "cli");
+  EXPECT_EQ(parse({"prog"}, {{"MASTER_ADDR", ""}}).source.at("master_addr"), "default");
+}
+
+TEST(Options, PetVariablesAsAJobControllerSetsThem) {
+  LaunchOptions o = parse({"prog"}, {{"PET_NPROC_PER_NODE", "4"},
+                                     {"PET_NNODES", "3"},
+                                     {"PET_NODE_RANK", "2"},
+                                     {"PET_MASTER_ADDR", "job-master-0"},
+                                     {"PET_MASTER_PORT", "23456"}});
+  EXPECT_EQ(o.nproc_per_node, 4);
+  EXPECT_EQ(o.nnodes, 3);
+  EXPECT_EQ(o.node_rank, 2);
+  EXPECT_EQ(o.master_addr, "job-master-0");
+  EXPECT_EQ(o.master_port, 23456);
+  EXPECT_EQ(o.source.at("node_rank"), "PET_NODE_RANK");
+}
+
+// torchrun's standalone runs on this machine: an exported MASTER_PORT still chooses
+// the store's port (it is never replaced silently), an exported MASTER_ADDR naming
+// another host is left aside with a warning.
+TEST(Options, StandaloneTakesMasterPortAndWarnsAboutMasterAddr) {
+  LaunchOptions o = parse({"--standalone", "prog"}, {{"MASTER_PORT", "29555"}, {"MASTER_ADDR", "10.0.0.1"}});
+  EXPECT_EQ(o.master_port, 29555);
+  EXPECT_EQ(o.source.at("master_port"), "MASTER_PORT");
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  ASSERT_EQ(o.warnings.size(), 1u);
+  EXPECT_EQ(o.warnings[0], "MASTER_ADDR=10.0.0.1 is not used: --standalone runs on 127.0.0.1");
+  EXPECT_TRUE(parse({"--standalone", "prog"}, {{"MASTER_ADDR", "127.0.0.1"}}).warnings.empty());
+  EXPECT_TRUE(parse({"prog"}, {{"MASTER_ADDR", "10.0.0.1"}}).warnings.empty());
+  EXPECT_EQ(parse({"--standalone", "prog"}, {{"MASTER_PORT", "0"}}).master_port, 0);
+}
+
+TEST(Options, NodeRangeWithEqualEndsIsThatNumber) {
+  EXPECT_EQ(parse({"--nnodes", "2:2", "prog"}).nnodes, 2);
+  EXPECT_EQ(parse({"--nnodes=1:1", "prog"}).nnodes, 1);
+  EXPECT_EQ(parse({"prog"}, {{"PET_NNODES", "3:3"}}).nnodes, 3);
+}
+
+TEST(Options, EndpointIsTheMasterAddressAndPortAtItsLevel) {
+  LaunchOptions host_only = parse({"--rdzv-endpoint", "head", "--master-port", "1234", "prog"});
+  EXPECT_EQ(host_only.master_addr, "head");
+  EXPECT_EQ(host_only.master_port, 1234);
+  EXPECT_EQ(host_only.source.at("master_addr"), "--rdzv-endpoint");
+  LaunchOptions v6 = parse({"--rdzv_endpoint=[::1]:29400", "prog"});
+  EXPECT_EQ(v6.master_addr, "::1");
+  EXPECT_EQ(v6.master_port, 29400);
+  EXPECT_EQ(parse({"--rdzv-endpoint", "fe80::1", "prog"}).master_addr, "fe80::1");
+  // The same value twice at one level is no contradiction.
+  EXPECT_EQ(parse({"--rdzv-endpoint", "h:5", "--master-addr", "h", "prog"}).master_port, 5);
+  // A higher level beats it, and it beats a lower one.
+  EXPECT_EQ(parse({"--master-addr", "cli", "prog"}, {{"PET_RDZV_ENDPOINT", "pet:7"}}).master_addr,
+            "cli");
+  LaunchOptions pet = parse({"prog"}, {{"PET_RDZV_ENDPOINT", "pet:7"}, {"MASTER_ADDR", "m"},
+                                       {"MASTER_PORT", "8"}});
+  EXPECT_EQ(pet.master_addr, "pet");
+  EXPECT_EQ(pet.master_port, 7);
+  EXPECT_EQ(pet.source.at("master_port"), "PET_RDZV_ENDPOINT");
+}
+
+TEST(Options, FlagsOfTorchrunAndTorchDistributedLaunch) {
+  LaunchOptions m = parse({"--nproc-per-node", "2", "-m", "pkg.train", "--lr", "1"});
+  EXPECT_TRUE(m.module);
+  EXPECT_EQ(m.program, "pkg.train");
+  EXPECT_EQ(m.program_args, (Args{"--lr", "1"}));
+  EXPECT_EQ(m.nproc_per_node, 2);
+  LaunchOptions shorts = parse({"--log-dir", "/l", "-r", "3", "-t", "2", "prog"});
+  EXPECT_EQ(shorts.redirects, Streams::kBoth);
+  EXPECT_EQ(shorts.tee, Streams::kStderr);
+  EXPECT_TRUE(parse({"--use_env", "prog"}).use_env);
+  EXPECT_TRUE(parse({"--no_python", "prog.py"}).no_python);
+  // After the program, the same spellings are the program's own.
+  EXPECT_EQ(parse({"prog", "-m", "x"}).program_args, (Args{"-m", "x"}));
+  EXPECT_FALSE(parse({"prog", "-m", "x"}).module);
 }
 
 // --- Clusters ------------------------------------------------------------------------
@@ -410,6 +572,46 @@ const ErrorCase kErrorCases[] = {
      {"--master-addr: needs a value (HOST) before --nnodes", "--master-addr=VALUE"}},
     {"ValueIsHelp", {"--log-dir", "-h", "p"}, {"--log-dir: needs a value (DIR) before -h"}},
     {"ValueIsTheSeparator", {"--rdzv_id", "--", "p"}, {"--rdzv_id: needs a value (ID) before --"}},
+    {"ValueIsShortFlag", {"--rdzv-id", "-m", "p"}, {"--rdzv-id: needs a value (ID) before -m"}},
+    {"ShortValueMissing", {"-r"}, {"-r: needs a value (0-3)"}},
+    {"MasterPortExported", {"p"}, {"MASTER_PORT=29x:", "1 to 65535"}, {{"MASTER_PORT", "29x"}}},
+    {"MasterPortExportedZero", {"p"}, {"MASTER_PORT=0:"}, {{"MASTER_PORT", "0"}}},
+    {"MasterAddrExported", {"p"}, {"MASTER_ADDR=\"a b\":", "host name"}, {{"MASTER_ADDR", "a b"}}},
+    {"MasterAddrSlash", {"--master-addr", "h/1", "p"}, {"--master-addr h/1:", "host name"}},
+    {"PetNnodes", {"p"}, {"PET_NNODES=two:", ">= 1"}, {{"PET_NNODES", "two"}}},
+    {"PetStandalone", {"p"}, {"PET_STANDALONE=maybe:"}, {{"PET_STANDALONE", "maybe"}}},
+    {"PetTeeMapping", {"p"}, {"PET_TEE=0:3:"}, {{"PET_TEE", "0:3"}}},
+    {"NnodesElastic", {"--nnodes", "1:4", "p"}, {"--nnodes 1:4:", "elastic ranges", "not supported yet"}},
+    {"NnodesRangeReversed", {"--nnodes", "4:2", "p"}, {"--nnodes 4:2:", "MIN <= MAX"}},
+    {"NnodesRangeWord", {"--nnodes", "a:2", "p"}, {"--nnodes a:2:", "MIN <= MAX"}},
+    {"NnodesRangeEmptyEnd", {"--nnodes", "2:", "p"}, {"--nnodes 2::", "MIN <= MAX"}},
+    {"BackendEtcd", {"--rdzv-backend", "etcd", "p"}, {"--rdzv-backend etcd:", "not supported", "static or c10d"}},
+    {"BackendEtcdV2", {"--rdzv_backend=etcd-v2", "p"}, {"--rdzv-backend etcd-v2:", "not supported"}},
+    {"BackendOther", {"--rdzv-backend", "zookeeper", "p"}, {"--rdzv-backend zookeeper:", "must be static or c10d"}},
+    {"BackendVariable", {"p"}, {"PET_RDZV_BACKEND=etcd:"}, {{"PET_RDZV_BACKEND", "etcd"}}},
+    {"RdzvConf", {"--rdzv-conf", "timeout=900", "p"}, {"--rdzv-conf timeout=900:", "not supported", "leave it empty"}},
+    {"RdzvConfVariable", {"p"}, {"PET_RDZV_CONF=read_timeout=60:"}, {{"PET_RDZV_CONF", "read_timeout=60"}}},
+    {"EndpointBadPort", {"--rdzv-endpoint", "h:99999", "p"}, {"--rdzv-endpoint 99999:", "1 to 65535"}},
+    {"EndpointNoHost", {"--rdzv-endpoint", ":29400", "p"}, {"--rdzv-endpoint :29400:", "needs a host"}},
+    {"EndpointOpenBracket", {"--rdzv-endpoint", "[::1", "p"}, {"--rdzv-endpoint [::1:", "closing ]"}},
+    {"EndpointContradictsAddr",
+     {"--rdzv-endpoint", "a:1", "--master-addr", "b", "p"},
+     {"--rdzv-endpoint a:1: contradicts --master-addr b"}},
+    {"EndpointContradictsPortInVariables",
+     {"p"},
+     {"PET_RDZV_ENDPOINT=a:1: contradicts PET_MASTER_PORT=2"},
+     {{"PET_RDZV_ENDPOINT", "a:1"}, {"PET_MASTER_PORT", "2"}}},
+    {"StandaloneEndpoint",
+     {"--standalone", "--rdzv-endpoint", "10.0.0.1:5", "p"},
+     {"--standalone: cannot be combined with --rdzv-endpoint 10.0.0.1"}},
+    {"ModuleWithoutPython", {"-m", "--no-python", "mod"}, {"--module: cannot be combined with --no-python"}},
+    {"ModuleWithoutPythonVariables",
+     {"mod"},
+     {"CHORUS_RUN_MODULE=1: cannot be combined with PET_NO_PYTHON=1"},
+     {{"CHORUS_RUN_MODULE", "1"}, {"PET_NO_PYTHON", "1"}}},
+    {"LocalRankArgWithUseEnv",
+     {"--use-env", "--local-rank-arg", "p"},
+     {"--local-rank-arg: cannot be combined with --use-env"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Options, BadValue, testing::ValuesIn(kErrorCases),
@@ -427,6 +629,14 @@ TEST(Options, UsageListsEveryOptionWithDefaultAndVariable) {
   EXPECT_NE(text.find("SLURM_JOB_NODELIST"), std::string::npos);
   EXPECT_NE(text.find("OMPI_COMM_WORLD_RANK"), std::string::npos);
   EXPECT_NE(text.find("-h, --help"), std::string::npos);
+  for (const OptionCase& c : kOptionCases) {
+    EXPECT_EQ(text.find(variable(c.name, "PET_")) != std::string::npos, !chorus_only(c.name))
+        << c.name;
+  }
+  for (const char* part : {"-m, --module", "-r, --redirects", "-t, --tee", "PET_RDZV_CONF",
+                           "MASTER_PORT", "CHORUS_STORE_PORT", "--local_rank=N"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part;
+  }
 }
 
 TEST(Options, CurrentEnvironmentReadsTheProcessEnvironment) {

@@ -14,6 +14,7 @@
 #include <random>
 #include <regex>
 
+#include "util/chorusrun.h"
 #include "util/ranks.h"
 
 namespace {
@@ -34,7 +35,7 @@ chorus::test::SpawnOptions launcher_options(std::vector<std::string> launcher_ar
   chorus::test::SpawnOptions o;
   o.args = std::move(launcher_args);
   o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
-  o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_STORE_HOSTED"};
+  o.unset_env = chorus::test::launcher_unset_env();
   return o;
 }
 

@@ -182,6 +182,13 @@ uint16_t master_port() {
   return v ? static_cast<uint16_t>(parse_int("MASTER_PORT", *v, 1, 65535)) : 29500;
 }
 
+std::string store_addr() { return get_env("CHORUS_STORE_ADDR").value_or(master_addr()); }
+
+uint16_t store_port() {
+  auto v = get_env("CHORUS_STORE_PORT");
+  return v ? static_cast<uint16_t>(parse_int("CHORUS_STORE_PORT", *v, 1, 65535)) : master_port();
+}
+
 namespace {
 void check_rank_pair() {
   bool has_rank = get_env("RANK").has_value(), has_size = get_env("WORLD_SIZE").has_value();

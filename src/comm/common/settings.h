@@ -36,6 +36,12 @@ std::string socket_ifname();
 std::string master_addr();
 // MASTER_PORT, default 29500.
 uint16_t master_port();
+// Where the rendezvous store is: CHORUS_STORE_ADDR, default master_addr(); and
+// CHORUS_STORE_PORT (1..65535), default master_port(). A launcher that hosts the store
+// (chorusrun) sets them, so that MASTER_ADDR/MASTER_PORT stay free for a PyTorch
+// program's own TCPStore.
+std::string store_addr();
+uint16_t store_port();
 // RANK and WORLD_SIZE; both unset means rank 0 of 1. One without the other is an error.
 int rank();
 int world_size();

@@ -25,12 +25,12 @@ std::shared_ptr<Store> store_from_env(int rank) {
   if (rank < 0) {
     throw InvalidArgumentError("store_from_env: rank " + std::to_string(rank) + " is negative");
   }
-  std::string host = settings::master_addr();
-  uint16_t port = settings::master_port();
+  std::string host = settings::store_addr();
+  uint16_t port = settings::store_port();
   std::chrono::milliseconds connect_timeout = settings::connect_timeout();
   std::shared_ptr<Store> store;
   if (rank == 0 && !settings::store_hosted()) {
-    // Bound to MASTER_ADDR itself, so the other ranks reach it where they look for it.
+    // Bound to the store address itself, so the other ranks reach it where they look for it.
     auto server = std::make_unique<TcpStoreServer>(host, port);
     store = std::make_shared<HostingTcpStore>(std::move(server), connect_timeout);
   } else {

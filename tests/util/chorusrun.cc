@@ -1,0 +1,37 @@
+#include "util/chorusrun.h"
+
+namespace chorus::test {
+
+std::string chorusrun_path() { return std::string(CHORUS_BIN_DIR) + "/chorusrun"; }
+
+const std::vector<std::string>& launcher_unset_env() {
+  static const std::vector<std::string> names = {
+      "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
+      "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "CHORUS_STORE_HOSTED",
+      "CHORUS_STORE_ADDR", "CHORUS_STORE_PORT", "CHORUS_JOB_TOKEN",
+      "CHORUS_RUN_NPROC_PER_NODE", "CHORUS_RUN_NNODES", "CHORUS_RUN_NODE_RANK",
+      "CHORUS_RUN_CPU_BIND", "CHORUS_RUN_PYTHON", "PET_NPROC_PER_NODE", "PET_NNODES",
+      "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_STANDALONE",
+      "PET_RDZV_ENDPOINT", "PET_RDZV_BACKEND", "PET_MODULE", "PET_NO_PYTHON"};
+  return names;
+}
+
+std::unique_ptr<Subprocess> start_chorusrun(const std::vector<std::string>& args,
+                                            std::map<std::string, std::string> env) {
+  SpawnOptions o;
+  o.args = args;
+  o.unset_env = launcher_unset_env();
+  env.emplace("CHORUS_CONNECT_TIMEOUT", "30");
+  env.emplace("CHORUS_TIMEOUT", "60");
+  o.env = env;
+  return std::make_unique<Subprocess>(chorusrun_path(), o);
+}
+
+std::vector<std::string> simulated_node_options(int node, uint16_t port, int nproc) {
+  return {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node",
+          std::to_string(nproc), "--master-addr", "127.0.0.2", "--master-port",
+          std::to_string(port), "--local-addr", node == 0 ? "127.0.0.2" : "127.0.0.3",
+          "--rdzv-id", "job-" + std::to_string(port)};
+}
+
+}  // namespace chorus::test
