@@ -8,7 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-import torch_chorus  # noqa: F401  registers "chorus"
+import torch_chorus  # registers "chorus"
 
 R = dist.ReduceOp
 dist.init_process_group("gloo")
@@ -285,7 +285,28 @@ objs = [{"from": rank}, [rank] * 3] if rank == n - 1 else [None, None]
 dist.broadcast_object_list(objs, src=n - 1, group=CH)
 assert objs == [{"from": n - 1}, [n - 1] * 3], objs
 checks += 1
+gathered_objs = [None] * n if rank == 0 else None
+dist.gather_object({"r": rank}, gathered_objs, dst=0, group=CH)
+if rank == 0:
+    assert gathered_objs == [{"r": r} for r in range(n)], gathered_objs
+got_obj = [None]
+dist.scatter_object_list(got_obj, [("to", r) for r in range(n)] if rank == 0 else None, src=0,
+                         group=CH)
+assert got_obj == [("to", rank)], got_obj
+checks += 2
 dist.barrier(group=CH)
+
+# --- the "hccl" alias: scripts written for Ascend reach chorus -------------------------------
+torch_chorus.register_as("hccl")
+HC = dist.new_group(backend="hccl")
+x = torch.tensor([1.0 + rank])
+dist.all_reduce(x, group=HC)
+same(torch.tensor([n * (n + 1) / 2.0]), x, "all_reduce on a group made with backend='hccl'")
+try:
+    torch_chorus.register_as("gloo")
+    raise AssertionError("register_as('gloo') was accepted")
+except ValueError:
+    checks += 1
 
 # --- subgroups: even ranks, and every rank alone ----------------------------------------------
 evens = list(range(0, n, 2))

@@ -33,6 +33,18 @@ class Collectives(unittest.TestCase):
                            nodes=3), "checks ")
 
 
+class InitMethods(unittest.TestCase):
+    """tcp:// and file:// reach chorus as env:// does (a TCPStore, a FileStore)."""
+
+    def test_tcp(self):
+        url = "tcp://127.0.0.1:%d" % ranks.free_port()
+        ok(self, ranks.run("init_worker.py", 3, [url], env=ENV), "init ok")
+
+    def test_file(self):
+        path = os.path.join(tempfile.mkdtemp(), "store")
+        ok(self, ranks.run("init_worker.py", 3, ["file://" + path], env=ENV), "init ok")
+
+
 class DDPAgainstGloo(unittest.TestCase):
     """DDP over chorus trains like DDP over gloo: bit for bit with two ranks."""
 
