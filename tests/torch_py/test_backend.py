@@ -3,6 +3,7 @@
 Each test starts the ranks as processes over env:// on 127.0.0.1 (ranks.py), with
 PYTHONPATH naming the built torch_chorus package (the CHORUS_PYTHONPATH variable)."""
 import os
+import subprocess
 import tempfile
 import unittest
 
@@ -89,6 +90,35 @@ class Failures(unittest.TestCase):
     def test_stopped_rank_times_out(self):
         for r, seconds, line in self.run_victim("stop", 3, 1, 3):
             self.assertTrue("timed out" in line or "aborted" in line, line)
+
+
+class Seeds(unittest.TestCase):
+    """The seeds' own scripts under chorusrun (examples/seeds/run.sh), a few batches an
+    epoch: seed 000's first losses are gloo's, and every rank ends with the same
+    parameters."""
+
+    ROOT = os.path.abspath(os.path.join(ranks.HERE, "..", ".."))
+
+    def run_seed(self, *args):
+        env = dict(os.environ, CHORUS_SEED_WORKDIR=tempfile.mkdtemp())
+        proc = subprocess.run([os.path.join(self.ROOT, "examples", "seeds", "run.sh"), *args],
+                              env=env, capture_output=True, text=True, timeout=900)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        hashes = [l.split()[-1] for l in proc.stdout.splitlines() if "param-hash" in l]
+        return proc.stdout, hashes
+
+    def test_seed000_two_ranks(self):
+        out, hashes = self.run_seed("--steps", "2")
+        self.assertIn("[rank 0]: loss: 2.309577 [    0/60000]", out)
+        self.assertIn("[rank 1]: loss: 2.303763 [    0/60000]", out)
+        self.assertEqual(len(hashes), 2, out)
+        self.assertEqual(len(set(hashes)), 1, out)
+
+    def test_seed001_two_nodes_of_two(self):
+        out, hashes = self.run_seed("--seed", "001", "--nodes", "2", "--steps", "3")
+        self.assertIn("Epoch: 9 | Batch: 0 | Loss:", out)
+        self.assertEqual(len(hashes), 4, out)
+        self.assertEqual(len(set(hashes)), 1, out)
 
 
 if __name__ == "__main__":
