@@ -10,7 +10,7 @@ set -euo pipefail
 packages=(cmake make g++ pkg-config libgtest-dev libgmock-dev zlib1g-dev libcli11-dev libssl-dev
           nlohmann-json3-dev iproute2 procps
           libtorch-dev libopenblas0-pthread dataset-fashion-mnist
-          python3-torch python3-dev pybind11-dev)
+          python3-torch python3-torchvision python3-dev pybind11-dev)
 packages+=("$@")
 
 missing=()
