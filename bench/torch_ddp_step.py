@@ -19,16 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torchvision import datasets
 from torchvision.transforms import ToTensor
 
-
-class NeuralNetwork(nn.Module):  # seed 000's model
-    def __init__(self):
-        super().__init__()
-        self.flatten = nn.Flatten()
-        self.linear_relu_stack = nn.Sequential(
-            nn.Linear(28 * 28, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-
-    def forward(self, x):
-        return self.linear_relu_stack(self.flatten(x))
+from pytorch_ddp_mnist import NeuralNetwork  # seed 000's model (this folder)
 
 
 def main():

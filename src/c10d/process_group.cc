@@ -8,6 +8,7 @@
 
 #include "c10d/store_adapter.h"
 #include "chorus/error.h"
+#include "chorus/torch/process_group.h"
 
 namespace chorus::c10d_backend {
 namespace {
@@ -16,6 +17,13 @@ using ::c10d::OpType;
 
 [[noreturn]] void refuse(const std::string& op, const std::string& why) {
   throw InvalidArgumentError("chorus " + op + ": " + why);
+}
+
+void check_tag(int tag, const std::string& op) {
+  if (tag != 0) {
+    refuse(op, "tag " + std::to_string(tag) +
+                   ": chorus matches messages by order between two ranks, not by tag (use tag 0)");
+  }
 }
 
 std::string shape_of(const at::Tensor& t) {
@@ -48,19 +56,7 @@ at::Tensor& single(std::vector<at::Tensor>& tensors, const std::string& op,
   return tensors[0];
 }
 
-std::optional<DataType> chorus_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kChar: return DataType::kInt8;
-    case at::kByte: return DataType::kUInt8;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
-    default: return std::nullopt;
-  }
-}
+using torch_ext::to_chorus_dtype;
 
 const char* torch_op_name(::c10d::ReduceOp::RedOpType op) {
   switch (op) {
@@ -102,7 +98,7 @@ Reduction reduction_of(const at::Tensor& t, const ::c10d::ReduceOp& torch_op,
                    " (it reduces with SUM, AVG, PRODUCT, MIN and MAX)");
   }
   const at::ScalarType st = t.scalar_type();
-  if (auto dtype = chorus_dtype(st)) return {*dtype, *chorus_op};
+  if (auto dtype = to_chorus_dtype(st)) return {*dtype, *chorus_op};
   if (st == at::kComplexFloat || st == at::kComplexDouble) {
     if (*chorus_op != ReduceOp::kSum && *chorus_op != ReduceOp::kAvg) {
       refuse(op, std::string("ReduceOp.") + torch_op_name(type) + " is not defined for " +
@@ -130,7 +126,7 @@ struct Moved {
 };
 
 Moved moved_of(const at::Tensor& t) {
-  if (auto dtype = chorus_dtype(t.scalar_type())) return {*dtype, 1};
+  if (auto dtype = to_chorus_dtype(t.scalar_type())) return {*dtype, 1};
   return {DataType::kUInt8, static_cast<size_t>(t.element_size())};
 }
 
@@ -572,7 +568,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::send(std::vector<at::Tensor>& tensor
                                                  int tag) {
   const std::string op = "send";
   at::Tensor& t = single(tensors, op);
-  if (tag != 0) refuse(op, "tag " + std::to_string(tag) + ": chorus matches messages by order between two ranks, not by tag (use tag 0)");
+  check_tag(tag, op);
   check_root(dst_rank, size_, op);
   const Moved m = moved_of(t);
   at::Tensor buf = staged_in(t);
@@ -584,7 +580,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::recv(std::vector<at::Tensor>& tensor
                                                  int tag) {
   const std::string op = "recv";
   at::Tensor& t = single(tensors, op);
-  if (tag != 0) refuse(op, "tag " + std::to_string(tag) + ": chorus matches messages by order between two ranks, not by tag (use tag 0)");
+  check_tag(tag, op);
   check_root(src_rank, size_, op);
   const Moved m = moved_of(t);
   at::Tensor buf = staged_out(t);

@@ -35,8 +35,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::from_env() {
   return std::make_shared<ProcessGroup>(Communicator::from_env());
 }
 
-DataType ProcessGroup::dtype_of(const at::Tensor& t, const char* what) {
-  switch (t.scalar_type()) {
+std::optional<DataType> to_chorus_dtype(at::ScalarType type) {
+  switch (type) {
     case at::kFloat: return DataType::kFloat32;
     case at::kDouble: return DataType::kFloat64;
     case at::kHalf: return DataType::kFloat16;
@@ -45,11 +45,15 @@ DataType ProcessGroup::dtype_of(const at::Tensor& t, const char* what) {
     case at::kByte: return DataType::kUInt8;
     case at::kInt: return DataType::kInt32;
     case at::kLong: return DataType::kInt64;
-    default:
-      throw InvalidArgumentError(std::string(what) + " has dtype " +
-                                 std::string(c10::toString(t.scalar_type())) +
-                                 ", which chorus does not reduce or move");
+    default: return std::nullopt;
   }
+}
+
+DataType ProcessGroup::dtype_of(const at::Tensor& t, const char* what) {
+  if (auto dtype = to_chorus_dtype(t.scalar_type())) return *dtype;
+  throw InvalidArgumentError(std::string(what) + " has dtype " +
+                             std::string(c10::toString(t.scalar_type())) +
+                             ", which chorus does not reduce or move");
 }
 
 Work ProcessGroup::allreduce(const at::Tensor& t, ReduceOp op) {

@@ -11,11 +11,15 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "chorus/communicator.h"
 
 namespace chorus::torch_ext {
+
+// The chorus element type of a torch dtype, or nullopt where chorus has none.
+std::optional<DataType> to_chorus_dtype(at::ScalarType type);
 
 class ProcessGroup {
  public:
