@@ -23,9 +23,10 @@ class Rank:
         self.rc = None
 
 
-def start(script, world_size, args=(), env=None, nodes=1):
+def start(script, world_size, args=(), env=None, nodes=1, rank_env=None):
     """Starts `world_size` ranks of `script`; with nodes > 1 the ranks are split into
-    that many simulated nodes (CHORUS_NODE_ID), which talk tcp to each other."""
+    that many simulated nodes (CHORUS_NODE_ID), which talk tcp to each other.
+    `rank_env(rank)` adds variables of one rank."""
     port = free_port()
     ranks = []
     per_node = world_size // nodes
@@ -36,6 +37,8 @@ def start(script, world_size, args=(), env=None, nodes=1):
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         if nodes > 1:
             e["CHORUS_NODE_ID"] = "simnode%d" % (r // per_node)
+        if rank_env:
+            e.update(rank_env(r))
         proc = subprocess.Popen([PYTHON, os.path.join(HERE, script), *args], env=e,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ranks.append(Rank(r, proc))

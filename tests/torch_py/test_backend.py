@@ -46,6 +46,22 @@ class InitMethods(unittest.TestCase):
         ok(self, ranks.run("init_worker.py", 3, ["file://" + path], env=ENV), "init ok")
 
 
+class JobToken(unittest.TestCase):
+    """chorus's data connections prove CHORUS_JOB_TOKEN from Python as from C++."""
+
+    def test_same_token_joins(self):
+        rs = ranks.run("token_worker.py", 2, env=dict(ENV, CHORUS_JOB_TOKEN="t0k3n"))
+        ok(self, rs, "joined")
+
+    def test_different_tokens_refuse_each_other(self):
+        rs = ranks.finish(ranks.start("token_worker.py", 2, env=ENV,
+                                      rank_env=lambda r: {"CHORUS_JOB_TOKEN": "token-%d" % r}),
+                          120)
+        for r in rs:
+            self.assertEqual(r.rc, 3, ranks.report(rs))
+        self.assertTrue(any("CHORUS_JOB_TOKEN" in r.out for r in rs), ranks.report(rs))
+
+
 class DDPAgainstGloo(unittest.TestCase):
     """DDP over chorus trains like DDP over gloo: bit for bit with two ranks."""
 
