@@ -1,0 +1,86 @@
+// How the tensors of a torch.distributed call become chorus buffers: the checks that
+// refuse a bad call before anything is sent, the element type and op chorus computes
+// with, staging through contiguous copies, and packing lists into one buffer.
+//
+// Every check throws chorus::InvalidArgumentError ("chorus OP: why"), which Python
+// sees as a RuntimeError; the group stays usable.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include "c10d/work.h"
+#include "chorus/types.h"
+
+namespace chorus::c10d_backend {
+
+[[noreturn]] void refuse(const std::string& op, const std::string& why);
+
+// Describing tensors in messages: "[2, 3]", "Float[2, 3]".
+std::string shape_of(const at::Tensor& t);
+std::string describe(const at::Tensor& t);
+
+// A defined, dense CPU tensor.
+void check_tensor(const at::Tensor& t, const std::string& op, const std::string& what);
+// The one tensor a process passes: torch's lists of several are for several devices.
+at::Tensor& single(std::vector<at::Tensor>& tensors, const std::string& op,
+                   const std::string& what = "tensor");
+// `t` has `like`'s dtype and number of elements.
+void check_like(const at::Tensor& t, const at::Tensor& like, const std::string& op,
+                const std::string& what, const std::string& like_what);
+// `list` has `expected` tensors, each like `like`.
+void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t expected,
+                const std::string& op, const std::string& what, const std::string& like_what);
+// Only the group's timeout applies: a different per-call one is refused.
+void check_timeout(std::chrono::milliseconds requested, std::chrono::milliseconds group,
+                   const std::string& op);
+void check_root(int64_t root, int size, const std::string& op);
+// Messages between two ranks match by order: only tag 0.
+void check_tag(int tag, const std::string& op);
+
+const char* torch_op_name(::c10d::ReduceOp::RedOpType op);
+
+// How chorus reduces a tensor: its element type, the op, and how many chorus elements
+// each tensor element is (2 for complex numbers, reduced as pairs of reals).
+struct Reduction {
+  DataType dtype;
+  ReduceOp op;
+  size_t width = 1;
+};
+Reduction reduction_of(const at::Tensor& t, const ::c10d::ReduceOp& torch_op,
+                       const std::string& op);
+
+// How chorus moves a tensor that is not reduced: as its own element type where chorus
+// has it, else as bytes. `width` chorus elements per tensor element.
+struct Moved {
+  DataType dtype;
+  size_t width;
+};
+Moved moved_of(const at::Tensor& t);
+
+// Chorus elements of `t` at `width` per tensor element.
+size_t elems(const at::Tensor& t, size_t width);
+
+// Contiguous memory with the tensor's values (the tensor itself when it is contiguous).
+at::Tensor staged_in(const at::Tensor& t);
+// Contiguous memory to receive into (the tensor itself when it is contiguous).
+at::Tensor staged_out(const at::Tensor& t);
+// Writes `staged` back into `t` once the operation is done; nullptr when they are one.
+ChorusWork::Finisher copy_back(const at::Tensor& t, const at::Tensor& staged);
+
+// One flat buffer holding `parts` one after another.
+at::Tensor packed(const std::vector<at::Tensor>& parts);
+// Copies consecutive blocks of `flat` (of each output's size) into `outputs`.
+ChorusWork::Finisher unpack_into(std::vector<at::Tensor> outputs, at::Tensor flat);
+
+// Packed displacements of `counts`.
+std::vector<size_t> displacements(const std::vector<size_t>& counts);
+// all_to_all_single's splits (rows of dim 0 per rank; empty: equal) as element counts.
+std::vector<size_t> split_counts(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
+                                 size_t width, const std::string& op, const std::string& what);
+
+}  // namespace chorus::c10d_backend
