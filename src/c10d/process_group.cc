@@ -41,16 +41,16 @@ ProcessGroupChorus::~ProcessGroupChorus() {
   completer_.reset();
 }
 
-ProcessGroupChorus::Ptr ProcessGroupChorus::launch(OpType type, std::vector<Work> parts,
+ProcessGroupChorus::Ptr ProcessGroupChorus::launch(OpType type, Work operation,
                                                    std::vector<at::Tensor> outputs,
                                                    ChorusWork::Finisher finish,
                                                    std::vector<at::Tensor> keep) {
   ++sequence_;
-  auto work = c10::make_intrusive<ChorusWork>(rank_, type, std::move(parts), std::move(outputs),
+  auto work = c10::make_intrusive<ChorusWork>(rank_, type, std::move(operation), std::move(outputs),
                                               std::move(finish), std::move(keep), comms_,
                                               completer_);
   std::lock_guard<std::mutex> lock(pending_mutex_);
-  while (!pending_.empty() && pending_.front()->operations_done()) pending_.pop_front();
+  while (!pending_.empty() && pending_.front()->operation_done()) pending_.pop_front();
   pending_.push_back(work);
   return work;
 }
@@ -61,12 +61,12 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::broadcast(std::vector<at::Tensor>& t
   at::Tensor& t = single(tensors, op);
   check_timeout(opts.timeout, timeout_, op);
   check_root(opts.rootRank, size_, op);
-  if (opts.rootTensor != 0) refuse(op, "root tensor " + std::to_string(opts.rootTensor) + " (one tensor per process)");
+  check_root_tensor(opts.rootTensor, op);
   const Moved m = moved_of(t);
   at::Tensor buf = staged_in(t);
   Work w = comm().broadcast(buf.data_ptr(), buf.data_ptr(), elems(buf, m.width), m.dtype,
                             static_cast<int>(opts.rootRank));
-  return launch(OpType::BROADCAST, {w}, {t}, copy_back(t, buf), {buf});
+  return launch(OpType::BROADCAST, w, {t}, copy_back(t, buf), {buf});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce(std::vector<at::Tensor>& tensors,
@@ -77,25 +77,18 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce(std::vector<at::Tensor>& t
   const Reduction r = reduction_of(t, opts.reduceOp, op);
   at::Tensor buf = staged_in(t);
   Work w = comm().allreduce(buf.data_ptr(), buf.data_ptr(), elems(buf, r.width), r.dtype, r.op);
-  return launch(OpType::ALLREDUCE, {w}, {t}, copy_back(t, buf), {buf});
+  return launch(OpType::ALLREDUCE, w, {t}, copy_back(t, buf), {buf});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
   const std::string op = "allreduce_coalesced";
   check_timeout(opts.timeout, timeout_, op);
-  if (tensors.empty()) refuse(op, "the list of tensors is empty");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    check_tensor(tensors[i], op, "tensors[" + std::to_string(i) + "]");
-    if (tensors[i].scalar_type() != tensors[0].scalar_type()) {
-      refuse(op, "tensors[" + std::to_string(i) + "] is " + describe(tensors[i]) +
-                     " but tensors[0] is " + describe(tensors[0]) + " (one dtype for all)");
-    }
-  }
+  check_one_dtype(tensors, op, "tensors");
   const Reduction r = reduction_of(tensors[0], opts.reduceOp, op);
   at::Tensor flat = packed(tensors);
   Work w = comm().allreduce(flat.data_ptr(), flat.data_ptr(), elems(flat, r.width), r.dtype, r.op);
-  return launch(OpType::ALLREDUCE_COALESCED, {w}, tensors, unpack_into(tensors, flat), {flat});
+  return launch(OpType::ALLREDUCE_COALESCED, w, tensors, unpack_into(tensors, flat), {flat});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::reduce(std::vector<at::Tensor>& tensors,
@@ -104,12 +97,12 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::reduce(std::vector<at::Tensor>& tens
   at::Tensor& t = single(tensors, op);
   check_timeout(opts.timeout, timeout_, op);
   check_root(opts.rootRank, size_, op);
-  if (opts.rootTensor != 0) refuse(op, "root tensor " + std::to_string(opts.rootTensor) + " (one tensor per process)");
+  check_root_tensor(opts.rootTensor, op);
   const Reduction r = reduction_of(t, opts.reduceOp, op);
   at::Tensor buf = staged_in(t);
   Work w = comm().reduce(buf.data_ptr(), buf.data_ptr(), elems(buf, r.width), r.dtype, r.op,
                          static_cast<int>(opts.rootRank));
-  return launch(OpType::REDUCE, {w}, {t}, copy_back(t, buf), {buf});
+  return launch(OpType::REDUCE, w, {t}, copy_back(t, buf), {buf});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -124,7 +117,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::allgather(std::vector<std::vector<at
   at::Tensor src = staged_in(in);
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
   Work w = comm().allgather(src.data_ptr(), flat.data_ptr(), elems(src, m.width), m.dtype);
-  return launch(OpType::ALLGATHER, {w}, outputs[0], unpack_into(outputs[0], flat), {src, flat});
+  return launch(OpType::ALLGATHER, w, outputs[0], unpack_into(outputs[0], flat), {src, flat});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -142,7 +135,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::_allgather_base(at::Tensor& output, 
   at::Tensor src = staged_in(input);
   at::Tensor dst = staged_out(output);
   Work w = comm().allgather(src.data_ptr(), dst.data_ptr(), elems(src, m.width), m.dtype);
-  return launch(OpType::_ALLGATHER_BASE, {w}, {output}, copy_back(output, dst), {src, dst});
+  return launch(OpType::_ALLGATHER_BASE, w, {output}, copy_back(output, dst), {src, dst});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::allgather_coalesced(
@@ -150,14 +143,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::allgather_coalesced(
     const ::c10d::AllgatherOptions& opts) {
   const std::string op = "allgather_coalesced";
   check_timeout(opts.timeout, timeout_, op);
-  if (inputs.empty()) refuse(op, "the list of inputs is empty");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(inputs[i], op, "inputs[" + std::to_string(i) + "]");
-    if (inputs[i].scalar_type() != inputs[0].scalar_type()) {
-      refuse(op, "inputs[" + std::to_string(i) + "] is " + describe(inputs[i]) +
-                     " but inputs[0] is " + describe(inputs[0]) + " (one dtype for all)");
-    }
-  }
+  check_one_dtype(inputs, op, "inputs");
   if (outputs.size() != static_cast<size_t>(size_)) {
     refuse(op, "the output has " + std::to_string(outputs.size()) + " lists; expected one per rank (" +
                    std::to_string(size_) + ")");
@@ -179,7 +165,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::allgather_coalesced(
   at::Tensor src = packed(inputs);
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * src.numel()}, src.options());
   Work w = comm().allgather(src.data_ptr(), flat.data_ptr(), elems(src, m.width), m.dtype);
-  return launch(OpType::ALLGATHER_COALESCED, {w}, flat_outputs, unpack_into(flat_outputs, flat),
+  return launch(OpType::ALLGATHER_COALESCED, w, flat_outputs, unpack_into(flat_outputs, flat),
                 {src, flat});
 }
 
@@ -199,13 +185,13 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::gather(std::vector<std::vector<at::T
                      ") and must pass no gather list");
     }
     Work w = comm().gather(src.data_ptr(), nullptr, elems(src, m.width), m.dtype, root);
-    return launch(OpType::GATHER, {w}, {}, nullptr, {src});
+    return launch(OpType::GATHER, w, {}, nullptr, {src});
   }
   if (outputs.size() != 1) refuse(op, "the root takes one gather list, got " + std::to_string(outputs.size()));
   check_list(outputs[0], in, size_, op, "gather list", "the input");
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
   Work w = comm().gather(src.data_ptr(), flat.data_ptr(), elems(src, m.width), m.dtype, root);
-  return launch(OpType::GATHER, {w}, outputs[0], unpack_into(outputs[0], flat), {src, flat});
+  return launch(OpType::GATHER, w, outputs[0], unpack_into(outputs[0], flat), {src, flat});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::scatter(std::vector<at::Tensor>& outputs,
@@ -231,7 +217,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::scatter(std::vector<at::Tensor>& out
                           elems(dst, m.width), m.dtype, root);
   std::vector<at::Tensor> keep{dst};
   if (flat.defined()) keep.push_back(flat);
-  return launch(OpType::SCATTER, {w}, {out}, copy_back(out, dst), std::move(keep));
+  return launch(OpType::SCATTER, w, {out}, copy_back(out, dst), std::move(keep));
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::reduce_scatter(
@@ -246,7 +232,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::reduce_scatter(
   at::Tensor flat = packed(inputs[0]);
   at::Tensor dst = staged_out(out);
   Work w = comm().reduce_scatter(flat.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
-  return launch(OpType::REDUCE_SCATTER, {w}, {out}, copy_back(out, dst), {flat, dst});
+  return launch(OpType::REDUCE_SCATTER, w, {out}, copy_back(out, dst), {flat, dst});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::_reduce_scatter_base(
@@ -264,7 +250,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::_reduce_scatter_base(
   at::Tensor src = staged_in(input);
   at::Tensor dst = staged_out(output);
   Work w = comm().reduce_scatter(src.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
-  return launch(OpType::_REDUCE_SCATTER_BASE, {w}, {output}, copy_back(output, dst), {src, dst});
+  return launch(OpType::_REDUCE_SCATTER_BASE, w, {output}, copy_back(output, dst), {src, dst});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -289,7 +275,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::alltoall_base(at::Tensor& output, at
                      std::to_string(size_) + ")");
     }
     Work w = comm().alltoall(src.data_ptr(), dst.data_ptr(), elems(src, m.width) / size_, m.dtype);
-    return launch(OpType::ALLTOALL_BASE, {w}, {output}, copy_back(output, dst), {src, dst});
+    return launch(OpType::ALLTOALL_BASE, w, {output}, copy_back(output, dst), {src, dst});
   }
   std::vector<size_t> send_counts = split_counts(input, input_splits, size_, m.width, op, "input");
   std::vector<size_t> recv_counts = split_counts(output, output_splits, size_, m.width, op, "output");
@@ -297,7 +283,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::alltoall_base(at::Tensor& output, at
   std::vector<size_t> recv_displs = displacements(recv_counts);
   Work w = comm().alltoallv(src.data_ptr(), send_counts, send_displs, dst.data_ptr(), recv_counts,
                             recv_displs, m.dtype);
-  return launch(OpType::ALLTOALL_BASE, {w}, {output}, copy_back(output, dst), {src, dst});
+  return launch(OpType::ALLTOALL_BASE, w, {output}, copy_back(output, dst), {src, dst});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::alltoall(std::vector<at::Tensor>& outputs,
@@ -333,7 +319,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::alltoall(std::vector<at::Tensor>& ou
   at::Tensor flat = at::empty({out_numel}, outputs[0].options());
   Work w = comm().alltoallv(src.data_ptr(), send_counts, displacements(send_counts), flat.data_ptr(),
                             recv_counts, displacements(recv_counts), m.dtype);
-  return launch(OpType::ALLTOALL, {w}, outputs, unpack_into(outputs, flat), {src, flat});
+  return launch(OpType::ALLTOALL, w, outputs, unpack_into(outputs, flat), {src, flat});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::send(std::vector<at::Tensor>& tensors, int dst_rank,
@@ -345,7 +331,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::send(std::vector<at::Tensor>& tensor
   const Moved m = moved_of(t);
   at::Tensor buf = staged_in(t);
   Work w = p2p_to(dst_rank).send(buf.data_ptr(), elems(buf, m.width), m.dtype, dst_rank);
-  return launch(OpType::SEND, {w}, {t}, nullptr, {buf});
+  return launch(OpType::SEND, w, {t}, nullptr, {buf});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int src_rank,
@@ -357,7 +343,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::recv(std::vector<at::Tensor>& tensor
   const Moved m = moved_of(t);
   at::Tensor buf = staged_out(t);
   Work w = p2p_from(src_rank).recv(buf.data_ptr(), elems(buf, m.width), m.dtype, src_rank);
-  return launch(OpType::RECV, {w}, {t}, copy_back(t, buf), {buf});
+  return launch(OpType::RECV, w, {t}, copy_back(t, buf), {buf});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
@@ -366,7 +352,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::recvAnysource(std::vector<at::Tensor
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::barrier(const ::c10d::BarrierOptions& opts) {
   check_timeout(opts.timeout, timeout_, "barrier");
-  return launch(OpType::BARRIER, {comm().barrier()}, {}, nullptr, {});
+  return launch(OpType::BARRIER, comm().barrier(), {}, nullptr, {});
 }
 
 }  // namespace chorus::c10d_backend

@@ -94,7 +94,7 @@ class ProcessGroupChorus : public BackendBase {
   Communicator& communicator() { return *comms_->collectives; }
 
  private:
-  Ptr launch(::c10d::OpType type, std::vector<Work> parts, std::vector<at::Tensor> outputs,
+  Ptr launch(::c10d::OpType type, Work operation, std::vector<at::Tensor> outputs,
              ChorusWork::Finisher finish, std::vector<at::Tensor> keep);
   Communicator& comm() { return *comms_->collectives; }
   Communicator& p2p_to(int peer) { return *comms_->p2p[rank_ < peer ? 0 : 1]; }

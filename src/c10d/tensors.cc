@@ -172,6 +172,25 @@ void check_root(int64_t root, int size, const std::string& op) {
   }
 }
 
+void check_root_tensor(int64_t root_tensor, const std::string& op) {
+  if (root_tensor != 0) {
+    refuse(op, "root tensor " + std::to_string(root_tensor) + " (one tensor per process)");
+  }
+}
+
+void check_one_dtype(const std::vector<at::Tensor>& list, const std::string& op,
+                     const std::string& what) {
+  if (list.empty()) refuse(op, "the list of " + what + " is empty");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string name = what + "[" + std::to_string(i) + "]";
+    check_tensor(list[i], op, name);
+    if (list[i].scalar_type() != list[0].scalar_type()) {
+      refuse(op, name + " is " + describe(list[i]) + " but " + what + "[0] is " +
+                     describe(list[0]) + " (one dtype for all)");
+    }
+  }
+}
+
 std::vector<size_t> displacements(const std::vector<size_t>& counts) {
   std::vector<size_t> displs(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];

@@ -39,6 +39,11 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, siz
 void check_timeout(std::chrono::milliseconds requested, std::chrono::milliseconds group,
                    const std::string& op);
 void check_root(int64_t root, int size, const std::string& op);
+// One tensor per process: only root tensor 0.
+void check_root_tensor(int64_t root_tensor, const std::string& op);
+// A non-empty list of tensors (named `what` in messages) of one dtype.
+void check_one_dtype(const std::vector<at::Tensor>& list, const std::string& op,
+                     const std::string& what);
 // Messages between two ranks match by order: only tag 0.
 void check_tag(int tag, const std::string& op);
 

@@ -13,12 +13,12 @@ void Comms::abort_all(const std::string& reason) {
   }
 }
 
-ChorusWork::ChorusWork(int rank, ::c10d::OpType type, std::vector<::chorus::Work> parts,
+ChorusWork::ChorusWork(int rank, ::c10d::OpType type, ::chorus::Work operation,
                        std::vector<at::Tensor> outputs, Finisher finish,
                        std::vector<at::Tensor> keep, std::shared_ptr<Comms> comms,
                        std::weak_ptr<Completer> completer)
     : ::c10d::Work(rank, type),
-      parts_(std::move(parts)),
+      operation_(std::move(operation)),
       outputs_(std::move(outputs)),
       finish_(std::move(finish)),
       keep_(std::move(keep)),
@@ -33,7 +33,7 @@ void ChorusWork::complete() {
     std::lock_guard<std::mutex> guard(complete_mutex_);
     if (done_) return;
     try {
-      for (const ::chorus::Work& part : parts_) part.wait();
+      operation_.wait();
       if (finish_) finish_();
     } catch (const Error& e) {
       error = std::current_exception();
@@ -57,19 +57,12 @@ void ChorusWork::complete() {
   }
 }
 
-bool ChorusWork::operations_done() const {
-  for (const ::chorus::Work& part : parts_) {
-    if (!part.is_completed()) return false;
-  }
-  return true;
-}
-
 bool ChorusWork::isCompleted() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) return true;
   }
-  if (!operations_done()) return false;
+  if (!operation_done()) return false;
   complete();
   return true;
 }
@@ -87,14 +80,10 @@ std::exception_ptr ChorusWork::exception() const {
 std::vector<at::Tensor> ChorusWork::result() { return outputs_; }
 
 bool ChorusWork::wait(std::chrono::milliseconds timeout) {
-  if (timeout > std::chrono::milliseconds(0)) {
-    for (const ::chorus::Work& part : parts_) {
-      // Work::wait(timeout) returns false while the operation is still running.
-      if (!part.wait(timeout)) {
-        throw TimeoutError(part.description() + " did not complete within the " +
-                           std::to_string(timeout.count()) + " ms given to wait()");
-      }
-    }
+  // chorus's Work::wait(timeout) returns false while the operation is still running.
+  if (timeout > std::chrono::milliseconds(0) && !operation_.wait(timeout)) {
+    throw TimeoutError(operation_.description() + " did not complete within the " +
+                       std::to_string(timeout.count()) + " ms given to wait()");
   }
   complete();
   std::lock_guard<std::mutex> lock(mutex_);

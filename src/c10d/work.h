@@ -1,6 +1,6 @@
 // The c10d::Work of a chorus operation, and the thread that completes their futures.
 //
-// A Work wraps one chorus::Work (or several, run as one) plus what has to happen once
+// A Work wraps one chorus::Work plus what has to happen once
 // it is done: copying results back into tensors that were not contiguous, splitting a
 // packed buffer into a list of tensors. That step runs exactly once, on whichever
 // thread gets there first: the caller of wait() or isCompleted() (the usual case: the
@@ -45,9 +45,9 @@ class Completer;
 class ChorusWork : public ::c10d::Work {
  public:
   using Finisher = std::function<void()>;
-  // `parts` run in order and all must succeed; `finish` runs once they have, before the
-  // future completes with `outputs`. `keep` holds tensors the operation reads or writes.
-  ChorusWork(int rank, ::c10d::OpType type, std::vector<::chorus::Work> parts,
+  // `finish` runs once `operation` has succeeded, before the future completes with
+  // `outputs`. `keep` holds tensors the operation reads or writes.
+  ChorusWork(int rank, ::c10d::OpType type, ::chorus::Work operation,
              std::vector<at::Tensor> outputs, Finisher finish, std::vector<at::Tensor> keep,
              std::shared_ptr<Comms> comms, std::weak_ptr<Completer> completer);
 
@@ -61,13 +61,13 @@ class ChorusWork : public ::c10d::Work {
   // The first call hands the work to the group's completion threads.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
-  // Waits for the chorus operations, runs the finisher, completes the future; once.
+  // Waits for the chorus operation, runs the finisher, completes the future; once.
   void complete();
-  // True once every chorus operation has finished (the finisher may not have run).
-  bool operations_done() const;
+  // True once the chorus operation has finished (the finisher may not have run).
+  bool operation_done() const { return operation_.is_completed(); }
 
  private:
-  std::vector<::chorus::Work> parts_;
+  ::chorus::Work operation_;
   std::vector<at::Tensor> outputs_;
   Finisher finish_;
   std::vector<at::Tensor> keep_;
