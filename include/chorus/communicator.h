@@ -24,6 +24,34 @@
 // dead or misbehaving peer, a timeout) is reported through the Work, names the
 // operation, its sequence number, the peer's rank and host, and aborts the
 // communicator: queued and later operations fail at once with AbortedError.
+//
+// Completion: a Work completes when this rank's part is done and its buffers may be
+// reused. A send over tcp can complete once the kernel holds its bytes, before the
+// receiver looked at them; if the receiver then fails the matching recv (a mismatch,
+// say) it aborts, and this rank learns it at its next operation, which fails naming
+// the receiver and its reason.
+//
+// Destruction: dropping the last reference to a communicator with nothing pending
+// says goodbye to the peers (their operations that need this rank fail naming it as
+// gone). With operations still pending (issued and not complete, whether waited for
+// or not) it does not wait for them: it aborts them, logs a warning, tells the peers,
+// and returns within about half a second (tcp lingers that long for the peers to hang
+// up). The pending Works fail with AbortedError saying the communicator was destroyed
+// with N operations pending; a peer's operations that need this rank fail with
+// PeerError naming it and that reason. Wait for every Work you need first.
+//
+// The caller's duties (chorus does not check them, or checks only in a debug mode):
+// - Averages (ReduceOp::kAvg) are the sum divided by the size, computed in the element
+//   type: integer and float16/bfloat16 sums overflow as they would in that type (int8
+//   100 on each of 3 ranks sums to 300, wraps to 44, averages to 14), and integer
+//   division truncates. Reduce in a wider type where that matters.
+// - Every rank issues the same operations in the same order. Issuing from several
+//   threads at once orders them differently on each rank: two allreduces of the same
+//   shape then exchange each other's data, with no error. CHORUS_DEBUG=DETAIL catches
+//   calls that overlap in time (an issuing call that finds another thread inside one
+//   fails with InvalidArgumentError); calls that only interleave differently cannot be
+//   seen from inside one rank. Issue from one thread, or order the threads yourself.
+// - Buffers stay valid and untouched until their Work completes.
 #pragma once
 
 #include <chrono>
@@ -129,7 +157,9 @@ class Communicator {
   // Connects rank `rank` of a group of `size` through `store`. Throws
   // InvalidArgumentError for a bad rank/size, TimeoutError when the group is not
   // complete within options.connect_timeout, PeerError when a handshake is refused
-  // (naming the field that did not match).
+  // (naming the field that did not match). The keys creation writes in `store` are
+  // deleted before it returns (a store that cannot delete keeps them): a job that
+  // creates or splits communicators every step does not grow its store.
   static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
                                               CommOptions options = CommOptions::from_env());
 
@@ -138,6 +168,7 @@ class Communicator {
   // where a launcher hosts the store); see store_from_env().
   static std::shared_ptr<Communicator> from_env(CommOptions options = CommOptions::from_env());
 
+  // See "Destruction" above: pending operations are aborted, not waited for.
   virtual ~Communicator() = default;
 
   virtual int rank() const = 0;

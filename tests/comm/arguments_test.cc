@@ -163,6 +163,32 @@ TEST(ArgumentsTest, NullBufferWithCount) {
   }, short_options());
 }
 
+// Issue 21: 2^60 float64 elements are 2^63 bytes, which a size_t holds: the message
+// says how large the buffer is and which limit it passes, not that it "overflows".
+TEST(ArgumentsTest, TooLargeABufferSaysItsSizeAndTheLimit) {
+  test::run_ranks(2, [](Communicator& c) {
+    if (c.rank() != 0) return;
+    double x = 0;
+    try {
+      c.allreduce(&x, &x, size_t{1} << 60, DataType::kFloat64, kSum);
+      ADD_FAILURE() << "2^60 float64 elements accepted";
+    } catch (const InvalidArgumentError& e) {
+      const std::string m = e.what();
+      EXPECT_TRUE(contains(m, "1152921504606846976 elements of f64")) << m;
+      EXPECT_TRUE(contains(m, "2^63 bytes")) << m;
+      EXPECT_TRUE(contains(m, "limit of 2^62 bytes")) << m;
+      EXPECT_FALSE(contains(m, "overflow")) << m;
+    }
+    try {
+      c.allreduce(&x, &x, std::numeric_limits<size_t>::max() / 2, DataType::kFloat64, kSum);
+      ADD_FAILURE() << "2^63 float64 elements accepted";
+    } catch (const InvalidArgumentError& e) {
+      // More bytes than a size_t holds: that one does overflow, and says so.
+      EXPECT_TRUE(contains(e.what(), "more than 2^64 bytes")) << e.what();
+    }
+  }, short_options());
+}
+
 TEST(ArgumentsTest, ByteSizeOverflow) {
   constexpr int kSize = 3;
   test::run_ranks(kSize, [](Communicator& c) {

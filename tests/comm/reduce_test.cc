@@ -467,7 +467,8 @@ ReduceIsa best_supported() {
 TEST(ReduceIsaChoice, ResolvesNamesAndFallsBack) {
   EXPECT_TRUE(reduce_isa_supported(ReduceIsa::kPortable));
   EXPECT_EQ(resolve_reduce_isa("auto"), best_supported());
-  EXPECT_EQ(resolve_reduce_isa("not-an-isa"), best_supported());
+  // A name that is no instruction set is the caller's error (issue 21), not a fallback.
+  EXPECT_THROW(resolve_reduce_isa("not-an-isa"), ConfigError);
   for (ReduceIsa isa : kAllReduceIsas) {
     ReduceIsa got = resolve_reduce_isa(reduce_isa_name(isa));
     EXPECT_EQ(got, reduce_isa_supported(isa) ? isa : best_supported()) << reduce_isa_name(isa);

@@ -46,7 +46,8 @@ const char* kVars[] = {"CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CHORUS_CONNECT_TI
                        "CHORUS_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "MASTER_PORT", "RANK",
                        "WORLD_SIZE", "CHORUS_JOB_TOKEN", "CHORUS_SEGMENT_BYTES",
                        "CHORUS_SHM_CMA", "MASTER_ADDR", "CHORUS_STORE_ADDR",
-                       "CHORUS_STORE_PORT"};
+                       "CHORUS_STORE_PORT", "CHORUS_LOG_LEVEL", "CHORUS_REDUCE_ISA",
+                       "CHORUS_TRACE_BUFFER_SIZE", "CHORUS_RESTART_COUNT"};
 
 class SettingsTest : public ::testing::Test {
  protected:
@@ -116,6 +117,60 @@ TEST_F(SettingsTest, BadValuesNameTheVariable) {
   EXPECT_NE(error_of([] { settings::op_timeout(); }).find("HCCL_EXEC_TIMEOUT"), std::string::npos);
 }
 
+// Issue 21: a value chorus cannot use is an error naming the variable, whether a
+// communicator is about to be made (from_env) or the accessor is asked directly; none
+// is logged and replaced by a default.
+TEST_F(SettingsTest, EveryBadValueIsAnErrorNamingTheVariable) {
+  env_.set("CHORUS_LOG_LEVEL", "foo");
+  std::string msg = error_of([] { CommOptions::from_env(); });
+  EXPECT_NE(msg.find("CHORUS_LOG_LEVEL='foo'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("error, warn, info, debug"), std::string::npos) << msg;
+  env_.set("CHORUS_LOG_LEVEL", "debug");
+  EXPECT_EQ(error_of([] { CommOptions::from_env(); }), "<no ConfigError>");
+  env_.set("CHORUS_LOG_LEVEL", nullptr);
+
+  env_.set("CHORUS_REDUCE_ISA", "foo");
+  msg = error_of([] { CommOptions::from_env(); });
+  EXPECT_NE(msg.find("CHORUS_REDUCE_ISA='foo'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("auto, portable, avx2, avx512"), std::string::npos) << msg;
+  msg = error_of([] { settings::reduce_isa(); });
+  EXPECT_NE(msg.find("CHORUS_REDUCE_ISA"), std::string::npos) << msg;
+  for (const char* good : {"auto", "portable", "avx2", "avx512"}) {
+    env_.set("CHORUS_REDUCE_ISA", good);
+    EXPECT_EQ(settings::reduce_isa(), good);
+  }
+  env_.set("CHORUS_REDUCE_ISA", nullptr);
+
+  // Set but empty: an address or a number that is not there. (Unset gives the default.)
+  struct Empty {
+    const char* name;
+    std::function<void()> read;
+  };
+  const Empty empties[] = {
+      {"MASTER_PORT", [] { settings::master_port(); }},
+      {"MASTER_ADDR", [] { settings::master_addr(); }},
+      {"CHORUS_STORE_PORT", [] { settings::store_port(); }},
+      {"CHORUS_STORE_ADDR", [] { settings::store_addr(); }},
+      {"WORLD_SIZE", [] { settings::world_size(); }},
+      {"RANK", [] { settings::rank(); }},
+      {"CHORUS_TIMEOUT", [] { settings::op_timeout(); }},
+      {"CHORUS_CONNECT_TIMEOUT", [] { settings::connect_timeout(); }},
+      {"CHORUS_SEGMENT_BYTES", [] { settings::segment_bytes(); }},
+      {"CHORUS_TRACE_BUFFER_SIZE", [] { settings::trace_buffer_size(); }},
+      {"CHORUS_RESTART_COUNT", [] { settings::restart_count(); }},
+  };
+  for (const Empty& e : empties) {
+    ScopedEnv one;
+    one.set(e.name, "");
+    // RANK and WORLD_SIZE come together: the other one is set to a good value.
+    if (std::string(e.name) == "RANK") one.set("WORLD_SIZE", "2");
+    if (std::string(e.name) == "WORLD_SIZE") one.set("RANK", "0");
+    msg = error_of(e.read);
+    EXPECT_NE(msg.find(std::string(e.name) + " is set but empty"), std::string::npos)
+        << e.name << ": " << msg;
+  }
+}
+
 // A launcher's store (CHORUS_STORE_*) wins over MASTER_ADDR/MASTER_PORT, each of the
 // two on its own; MASTER_* stay what a PyTorch program reads.
 TEST_F(SettingsTest, StoreAddressFallsBackOnTheMasterAddress) {
@@ -127,7 +182,7 @@ TEST_F(SettingsTest, StoreAddressFallsBackOnTheMasterAddress) {
   env_.set("CHORUS_STORE_PORT", "31000");
   EXPECT_EQ(settings::store_addr(), "10.0.0.5");
   EXPECT_EQ(settings::store_port(), 31000);
-  env_.set("CHORUS_STORE_ADDR", "10.0.0.6").set("CHORUS_STORE_PORT", "");
+  env_.set("CHORUS_STORE_ADDR", "10.0.0.6").set("CHORUS_STORE_PORT", nullptr);
   EXPECT_EQ(settings::store_addr(), "10.0.0.6");
   EXPECT_EQ(settings::store_port(), 29555);
   EXPECT_EQ(settings::master_port(), 29555);

@@ -12,11 +12,12 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// First variable of the pair that is set (and not empty), with its name.
+// First variable of the pair that is set, with its name; set but empty is an error
+// (required_value()).
 std::optional<std::pair<std::string, std::string>> first_set(const char* a, const char* b) {
-  if (auto v = get_env(a)) return std::make_pair(std::string(a), *v);
+  if (auto v = required_value(a)) return std::make_pair(std::string(a), *v);
   if (b != nullptr) {
-    if (auto v = get_env(b)) return std::make_pair(std::string(b), *v);
+    if (auto v = required_value(b)) return std::make_pair(std::string(b), *v);
   }
   return std::nullopt;
 }
@@ -32,6 +33,16 @@ milliseconds duration_setting(const char* name, const char* fallback, millisecon
 std::optional<std::string> get_env(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::optional<std::string> required_value(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  if (*v == '\0') {
+    throw ConfigError(std::string(name) +
+                      " is set but empty; give it a value, or unset it for the default");
+  }
   return std::string(v);
 }
 
@@ -75,7 +86,7 @@ milliseconds parse_duration(const std::string& name, const std::string& value, m
 int64_t segment_bytes() {
   constexpr const char* kName = "CHORUS_SEGMENT_BYTES";
   constexpr int64_t kMin = int64_t{4} << 10, kMax = int64_t{1} << 30;
-  auto v = get_env(kName);
+  auto v = required_value(kName);
   if (!v) return static_cast<int64_t>(kDefaultSegmentBytes);
   std::string digits = *v;
   int shift = 0;
@@ -99,7 +110,7 @@ int64_t segment_bytes() {
 }
 
 int64_t trace_buffer_size() {
-  auto v = get_env("CHORUS_TRACE_BUFFER_SIZE");
+  auto v = required_value("CHORUS_TRACE_BUFFER_SIZE");
   return v ? parse_int("CHORUS_TRACE_BUFFER_SIZE", *v, 0, 1000000) : 256;
 }
 
@@ -175,23 +186,27 @@ std::string socket_ifname() {
   return v ? v->second : "";
 }
 
-std::string master_addr() { return get_env("MASTER_ADDR").value_or("127.0.0.1"); }
+std::string master_addr() { return required_value("MASTER_ADDR").value_or("127.0.0.1"); }
 
 uint16_t master_port() {
-  auto v = get_env("MASTER_PORT");
+  auto v = required_value("MASTER_PORT");
   return v ? static_cast<uint16_t>(parse_int("MASTER_PORT", *v, 1, 65535)) : 29500;
 }
 
-std::string store_addr() { return get_env("CHORUS_STORE_ADDR").value_or(master_addr()); }
+std::string store_addr() {
+  auto v = required_value("CHORUS_STORE_ADDR");
+  return v ? *v : master_addr();
+}
 
 uint16_t store_port() {
-  auto v = get_env("CHORUS_STORE_PORT");
+  auto v = required_value("CHORUS_STORE_PORT");
   return v ? static_cast<uint16_t>(parse_int("CHORUS_STORE_PORT", *v, 1, 65535)) : master_port();
 }
 
 namespace {
 void check_rank_pair() {
-  bool has_rank = get_env("RANK").has_value(), has_size = get_env("WORLD_SIZE").has_value();
+  bool has_rank = required_value("RANK").has_value();
+  bool has_size = required_value("WORLD_SIZE").has_value();
   if (has_rank != has_size) {
     throw ConfigError(std::string(has_rank ? "RANK is set but WORLD_SIZE is not"
                                            : "WORLD_SIZE is set but RANK is not") +
@@ -202,13 +217,13 @@ void check_rank_pair() {
 
 int world_size() {
   check_rank_pair();
-  auto v = get_env("WORLD_SIZE");
+  auto v = required_value("WORLD_SIZE");
   return v ? static_cast<int>(parse_int("WORLD_SIZE", *v, 1, 1 << 20)) : 1;
 }
 
 int rank() {
   check_rank_pair();
-  auto v = get_env("RANK");
+  auto v = required_value("RANK");
   if (!v) return 0;
   int size = world_size();
   return static_cast<int>(parse_int("RANK (with WORLD_SIZE=" + std::to_string(size) + ")", *v,
@@ -221,7 +236,7 @@ bool store_hosted() {
 }
 
 int restart_count() {
-  auto v = get_env("CHORUS_RESTART_COUNT");
+  auto v = required_value("CHORUS_RESTART_COUNT");
   return v ? static_cast<int>(parse_int("CHORUS_RESTART_COUNT", *v, 0, 1 << 30)) : 0;
 }
 
@@ -235,6 +250,12 @@ int log_level() {
   throw ConfigError("CHORUS_LOG_LEVEL='" + *v + "' is not one of error, warn, info, debug");
 }
 
-std::string reduce_isa() { return get_env("CHORUS_REDUCE_ISA").value_or("auto"); }
+std::string reduce_isa() {
+  std::string v = get_env("CHORUS_REDUCE_ISA").value_or("auto");
+  if (v != "auto" && v != "portable" && v != "avx2" && v != "avx512") {
+    throw ConfigError("CHORUS_REDUCE_ISA='" + v + "' is not one of auto, portable, avx2, avx512");
+  }
+  return v;
+}
 
 }  // namespace chorus::settings

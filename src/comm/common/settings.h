@@ -80,14 +80,21 @@ std::string trace_dir();
 // CHORUS_LOG_LEVEL: error | warn | info | debug, default warn.
 int log_level();
 // CHORUS_REDUCE_ISA: auto | portable | avx2 | avx512, default auto: the instruction
-// set of the reduction kernels. Returned as set; reduce.cc checks it once and, because
-// it reads it on a progress thread, logs a bad value instead of throwing.
+// set of the reduction kernels. Any other value throws ConfigError. CommOptions::from_env()
+// and Communicator::create() read it (and CHORUS_LOG_LEVEL), so that a bad value fails
+// where the communicator is made, not on a progress thread; a set ISA the CPU lacks is
+// logged once by reduce.cc and replaced by the best one it has.
 std::string reduce_isa();
 
 // Helpers shared by the accessors, exposed for tests.
 std::chrono::milliseconds parse_duration(const std::string& name, const std::string& value,
                                          std::chrono::milliseconds unit);
 int64_t parse_int(const std::string& name, const std::string& value, int64_t min, int64_t max);
+// The value of `name`; nullopt when unset or set to the empty string (for the choice
+// variables, CHORUS_DEBUG= reads as unset).
 std::optional<std::string> get_env(const char* name);
+// Like get_env(), but set-and-empty throws ConfigError naming the variable: for the
+// numbers and addresses (MASTER_PORT="" is a mistake, not a request for 29500).
+std::optional<std::string> required_value(const char* name);
 
 }  // namespace chorus::settings

@@ -16,6 +16,7 @@
 #include "comm/core/cost_model.h"
 #include "comm/core/reduce.h"
 #include "comm/core/topology.h"
+#include "comm/store/key_ledger.h"
 #include "comm/transport/tcp/tcp_transport.h"
 
 namespace chorus {
@@ -53,7 +54,9 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
       options_(std::move(options)),
       user_store_(std::move(store)),
       recorder_(options_.trace_buffer_size) {
-  PrefixStore scoped("chorus/comm/" + options_.comm_id, user_store_);
+  // Creation writes through a ledger: what it wrote leaves the store at the end.
+  auto ledger = std::make_shared<KeyLedger>(user_store_);
+  PrefixStore scoped("chorus/comm/" + options_.comm_id, ledger);
   transport::tcp::TcpOptions tcp;
   tcp.listen_address = choose_listen_address(options_, user_store_.get());
   tcp.comm_id = options_.comm_id;
@@ -71,7 +74,25 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   if (shm_) shape_.shm_chunk = shm_->buffer_bytes();
   shape_.segment_bytes = options_.segment_bytes;
   cost_ = parse_cost_params(settings::cost_model());
+  finish_creation(*ledger);
   thread_ = std::thread([this] { progress_loop(); });
+}
+
+void CommunicatorImpl::finish_creation(KeyLedger& ledger) {
+  // Once every rank is here, every rank has read all that the others published: a
+  // barrier (over tcp, a few zero-byte frames), then each deletes the keys it wrote.
+  if (size_ > 1) {
+    transport::OpInfo info;
+    info.name = "creation barrier";
+    info.code = transport::op_code_of("barrier");
+    info.seq = 0;
+    info.deadline = Deadline(options_.connect_timeout);
+    transport_->begin(info);
+    algorithms::Context ctx{*transport_, rank_,    size_, DataType::kUInt8, 1, nullptr,
+                            false,       scratch_, options_.segment_bytes,  topology_};
+    algorithms::barrier_dissemination(ctx);
+  }
+  ledger.erase_written();
 }
 
 void CommunicatorImpl::connect_shared_memory(Store& scoped) {
@@ -101,6 +122,16 @@ CommunicatorImpl::~CommunicatorImpl() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
+  // The contract (communicator.h): what is still pending is aborted, not waited for;
+  // the peers may never issue it, and waiting lasted up to CHORUS_TIMEOUT.
+  const size_t pending = unfinished_.load(std::memory_order_acquire);
+  if (pending > 0) {
+    std::string why = where() + " was destroyed with " + std::to_string(pending) +
+                      (pending == 1 ? " operation" : " operations") +
+                      " pending (wait for every Work before dropping the communicator)";
+    CHORUS_LOG(kWarn, why);
+    abort_with(why);
+  }
   queue_signal_.fetch_add(1, std::memory_order_release);
   futex_wake_all(queue_signal_);
   if (thread_.joinable()) thread_.join();
@@ -118,6 +149,26 @@ std::string CommunicatorImpl::where() const {
 }
 
 Work CommunicatorImpl::enqueue(const OpSpec& spec, OpBody body) {
+  // CHORUS_DEBUG=DETAIL: two threads issuing at the same moment put their operations
+  // in an order that may differ on every rank (the fingerprints cannot see it when
+  // both calls look alike). Catches the calls that overlap here, which two threads
+  // issuing in loops do within a few calls; one atomic add each.
+  struct Issuing {
+    std::atomic<int>* count = nullptr;
+    ~Issuing() {
+      if (count) count->fetch_sub(1, std::memory_order_acq_rel);
+    }
+  } issuing;
+  if (options_.check_consistency) {
+    issuing.count = &issuing_;
+    if (issuing_.fetch_add(1, std::memory_order_acq_rel) != 0) {
+      throw InvalidArgumentError(
+          std::string(spec.name) + " on " + where() +
+          ": issued while another thread was issuing an operation on this communicator "
+          "(found by CHORUS_DEBUG=DETAIL); the ranks must issue operations in one order, so "
+          "issue them from one thread or order the threads yourself");
+    }
+  }
   std::shared_ptr<WorkState> work;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -127,6 +178,7 @@ Work CommunicatorImpl::enqueue(const OpSpec& spec, OpBody body) {
                                                           dtype_name(spec.dtype), spec.count, spec.root)
                                       : 0;
     queue_.push_back(Op{spec, seq, std::move(body), work, slot, std::chrono::steady_clock::now()});
+    unfinished_.fetch_add(1, std::memory_order_acq_rel);
   }
   wake_progress_thread();
   return Work(work);
@@ -252,6 +304,7 @@ void CommunicatorImpl::fail_aborted(Op& op) {
     reason = abort_reason_;
   }
   if (recorder_.enabled()) recorder_.finished(op.trace_slot, "aborted: " + reason);
+  unfinished_.fetch_sub(1, std::memory_order_acq_rel);
   op.work->complete(std::make_exception_ptr(AbortedError(
       op.work->description() + " on " + where() +
       ": the communicator was aborted and cannot be used any more (rebuild it); cause: " +
@@ -286,10 +339,12 @@ void CommunicatorImpl::run(Op& op) {
     if (shm_) shm_->begin(info);
     op.body(ctx);
     if (recorder_.enabled()) recorder_.finished(op.trace_slot, "");
+    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
     op.work->complete(nullptr);
   } catch (const InvalidArgumentError& e) {
     // Found by all ranks together before any data moved: the communicator stays usable.
     if (recorder_.enabled()) recorder_.finished(op.trace_slot, e.what());
+    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
     op.work->complete(std::current_exception());
   } catch (const std::exception& e) {
     std::string reason = e.what();
@@ -308,6 +363,7 @@ void CommunicatorImpl::run(Op& op) {
     if (shm_) shm_->abort(reason);  // first, as above
     transport_->abort(reason);
     transport_aborted_ = true;
+    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
     if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(std::current_exception());
     else op.work->complete(std::make_exception_ptr(SystemError(op.work->description() + ": " + reason)));
   }
@@ -364,13 +420,17 @@ void CommunicatorImpl::check_consistency(const Op& op) {
 }
 
 void CommunicatorImpl::abort(const std::string& reason) {
+  abort_with("abort() called on " + where() + ": " + reason);
+}
+
+void CommunicatorImpl::abort_with(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(abort_mutex_);
     if (abort_requested_.load()) return;
-    abort_reason_ = "abort() called on " + where() + ": " + reason;
+    abort_reason_ = reason;
     abort_requested_.store(true);
   }
-  write_trace("abort() called: " + reason);
+  write_trace(reason);
   transport_->interrupt(reason);
   if (shm_) shm_->interrupt(reason);
   queue_signal_.fetch_add(1, std::memory_order_release);
@@ -486,6 +546,9 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
                                " is out of range [0, " + std::to_string(size) + ")");
   }
   if (options.comm_id.empty()) throw InvalidArgumentError("Communicator::create: empty comm_id");
+  // Resolved once per process; a bad CHORUS_REDUCE_ISA fails here (ConfigError), not on
+  // the progress thread at the first reduction.
+  reduce_isa();
   if (options.segment_bytes < 64) {
     throw InvalidArgumentError("Communicator::create: segment_bytes " +
                                std::to_string(options.segment_bytes) + " is below 64");

@@ -22,6 +22,8 @@
 
 namespace chorus::internal {
 
+class KeyLedger;
+
 // How an operation is run on the progress thread: it gets a context whose dtype and
 // reduction are already set.
 using OpBody = std::function<void(const algorithms::Context&)>;
@@ -95,6 +97,8 @@ class CommunicatorImpl final : public Communicator,
   void wake_progress_thread();
   void run(Op& op);
   void fail_aborted(Op& op);
+  // abort()'s work; `reason` is the whole cause the operations and the peers see.
+  void abort_with(const std::string& reason);
   // CHORUS_DEBUG=DETAIL: every rank's fingerprint of `op`, compared before it runs.
   void check_consistency(const Op& op);
   std::string where() const;
@@ -103,6 +107,8 @@ class CommunicatorImpl final : public Communicator,
   // Every rank on this node, which shares memory.
   bool all_in_shared_memory() const { return shm_ != nullptr && topology_.nodes == 1; }
   void connect_shared_memory(Store& scoped);
+  // The end of creation: a barrier, then this rank's rendezvous keys are deleted.
+  void finish_creation(KeyLedger& ledger);
 
   const int rank_, size_;
   const CommOptions options_;
@@ -130,6 +136,12 @@ class CommunicatorImpl final : public Communicator,
   // The runner role: only its holder touches transport_, scratch_ and
   // transport_aborted_. Held by the progress thread or by a thread inside Work::wait().
   std::atomic<bool> running_{false};
+  // Operations issued and not yet completed (queued or running): counted down just
+  // before each Work completes, so that a destructor called once every Work is waited
+  // for sees 0.
+  std::atomic<size_t> unfinished_{0};
+  // Threads inside enqueue() now (CHORUS_DEBUG=DETAIL only).
+  std::atomic<int> issuing_{0};
   // Operations run in a row by threads that wait for them (help()), 0 after one run by
   // the progress thread. Written by the runner, read by the progress thread.
   std::atomic<uint32_t> helped_streak_{0};

@@ -25,6 +25,10 @@ TransportKind parse_transport(const std::string& name) {
 
 CommOptions CommOptions::from_env() {
   CommOptions o;
+  // Read for their checks only: logging and the reduction kernels take them themselves,
+  // where a bad value could only be logged.
+  settings::log_level();
+  settings::reduce_isa();
   o.timeout = settings::op_timeout();
   o.connect_timeout = settings::connect_timeout();
   o.algorithm = parse_algorithm(settings::algorithm());

@@ -208,10 +208,8 @@ ReduceIsa resolve_reduce_isa(const std::string& requested) {
                                            << reduce_isa_name(best));
     return best;
   }
-  CHORUS_LOG(kError, "CHORUS_REDUCE_ISA='" << requested
-                                           << "' is not one of auto, portable, avx2, avx512; using "
-                                           << reduce_isa_name(best));
-  return best;
+  throw ConfigError("CHORUS_REDUCE_ISA='" + requested +
+                    "' is not one of auto, portable, avx2, avx512");
 }
 
 // The CPU and the environment do not change while a process runs: decide once, and log

@@ -1,5 +1,6 @@
 #include "comm/core/validate.h"
 
+#include <cstdint>
 #include <limits>
 
 #include "chorus/error.h"
@@ -17,8 +18,19 @@ size_t Validator::bytes(size_t count, DataType dtype, const char* what) const {
   size_t elem = dtype_size(dtype);
   if (elem == 0) fail(std::string("unknown data type for ") + what);
   if (count > kMaxBytes / elem) {
+    // Said in bytes against the limit: 2^60 float64 elements are 2^63 bytes, which a
+    // size_t holds; only beyond 2^64 does the product itself overflow.
+    const unsigned __int128 total = static_cast<unsigned __int128>(count) * elem;
+    std::string size;
+    if (total >> 64) {
+      size = "more than 2^64 bytes";
+    } else {
+      const uint64_t b = static_cast<uint64_t>(total);
+      size = (b & (b - 1)) == 0 ? "2^" + std::to_string(__builtin_ctzll(b)) + " bytes"
+                                : std::to_string(b) + " bytes";
+    }
     fail(std::string(what) + " of " + std::to_string(count) + " elements of " +
-         dtype_name(dtype) + " overflows the byte size");
+         dtype_name(dtype) + " is " + size + ", above the limit of 2^62 bytes per buffer");
   }
   return count * elem;
 }
