@@ -21,6 +21,9 @@ constexpr int kAcceptBatch = 64;
 constexpr std::chrono::seconds kRefusalTimeout{2};
 // How long a rank that gives up keeps telling the connections it holds why.
 constexpr std::chrono::seconds kGiveUpLinger{1};
+// How many of the ranks that did not connect a message names (a job of 100000 ranks
+// whose peers never came would name them all).
+constexpr int kListedRanks = 16;
 
 }  // namespace
 
@@ -249,11 +252,14 @@ void Acceptor::refused(const net::SockAddr& from, const std::string& why) {
 
 std::string Acceptor::missing_ranks() const {
   std::string who;
+  int listed = 0;
   for (int r = 0; r < expected_.size; ++r) {
     if (r == expected_.rank || in_[r].valid()) continue;
+    if (listed++ == kListedRanks) break;
     who += ' ';
     who += std::to_string(r);
   }
+  if (listed > kListedRanks) who += " and " + std::to_string(missing_ - kListedRanks) + " more";
   return who;
 }
 
