@@ -21,6 +21,7 @@
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "comm/store/paged.h"
 #include "comm/store/tcp_store_protocol.h"
 #include "util/checks.h"
 
@@ -651,6 +652,52 @@ TEST_F(TcpStoreTest, SixtyFourClientsAtOnce) {
   EXPECT_EQ(store_->add("counter", 0), kClients * kAdds);
   for (const std::string& leader : leaders) EXPECT_EQ(leader, leaders[0]);
   EXPECT_EQ(store_->num_keys(), kClients + 4);  // ready/*, counter, leader, done, all-done
+}
+
+// A world size near the documented maximum (2^20 ranks) names more keys than one
+// request may (kMaxKeysPerRequest): the rendezvous waits for them and reads them in
+// pages, while another client is still setting them.
+TEST_F(TcpStoreTest, PagedWaitAndGetGoPastTheKeysPerRequestLimit) {
+  constexpr size_t kKeys = 70000;
+  static_assert(kKeys > store_wire::kMaxKeysPerRequest);
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < kKeys; ++i) keys.push_back("page/" + std::to_string(i));
+  std::string message = error_of<InvalidArgumentError>([&] { store_->wait(keys, 1s); });
+  EXPECT_TRUE(contains(message, "store request names 70000 keys; at most 65536")) << message;
+
+  auto setter = connect();
+  const auto start = std::chrono::steady_clock::now();
+  std::thread writer([&] {
+    for (size_t i = 0; i < kKeys; ++i) setter->set(keys[i], std::to_string(i));
+  });
+  int slices = 0;
+  std::vector<Bytes> values;
+  try {
+    values = store_pages::wait_and_get(*store_, keys, Deadline(120s), [&] { ++slices; });
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  writer.join();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(values.size(), kKeys);
+  size_t wrong = 0;
+  for (size_t i = 0; i < kKeys; ++i) wrong += values[i] != bytes_of(std::to_string(i));
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_GT(slices, 0) << "the keys were all set before the wait began";
+  // Once they are all there, what a rank's reading of every address costs.
+  const auto again = std::chrono::steady_clock::now();
+  EXPECT_EQ(store_pages::wait_and_get(*store_, keys, Deadline(120s)).size(), kKeys);
+  double read_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - again).count();
+  std::printf("[ store    ] %zu keys set, waited for and read in pages of %zu in %.1f s "
+              "(%d slices waited while they were being set); read again in %.1f s\n",
+              kKeys, store_pages::kPageKeys, seconds, slices, read_seconds);
+  // A key that never comes: the deadline names it and how many were missing.
+  keys.push_back("page/never");
+  message = error_of<TimeoutError>(
+      [&] { store_pages::wait_and_get(*store_, keys, Deadline(300ms)); });
+  EXPECT_TRUE(contains(message, "store wait for 70001 keys timed out after ")) << message;
+  EXPECT_TRUE(contains(message, "; missing key 'page/never'")) << message;
 }
 
 TEST_F(TcpStoreTest, LargestValueRoundTrips) {

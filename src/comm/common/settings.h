@@ -43,6 +43,8 @@ uint16_t master_port();
 std::string store_addr();
 uint16_t store_port();
 // RANK and WORLD_SIZE; both unset means rank 0 of 1. One without the other is an error.
+// WORLD_SIZE is at most 2^20; what a job can reach is less, bounded by each rank's
+// file descriptors (two per peer, see Communicator::create).
 int rank();
 int world_size();
 // CHORUS_STORE_HOSTED=1: a launcher hosts the store, rank 0 must not start one.

@@ -1,5 +1,9 @@
 #include "comm/transport/tcp/handshake.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "chorus/error.h"
@@ -121,17 +125,6 @@ bool payload_of(std::span<const uint8_t> message, MessageKind want,
   }
   *payload = message.subspan(kHeaderBytes);
   return true;
-}
-
-// Sends a refusal, if the socket still takes it: the peer learns why, and the caller
-// closes the connection either way.
-void try_send_refusal(int fd, const std::string& refusal, const Deadline& deadline) {
-  Verdict verdict;
-  verdict.refusal = refusal;
-  try {
-    send_message(fd, encode_verdict(verdict), deadline, "handshake: sending a refusal");
-  } catch (const Error&) {
-  }
 }
 
 }  // namespace
@@ -333,52 +326,208 @@ void client_handshake(int fd, const Hello& hello, const std::string& token,
   }
 }
 
+ServerHandshake::ServerHandshake(int fd, const Expected& expected)
+    : fd_(fd), expected_(&expected) {}
+
+ServerHandshake ServerHandshake::refusal(int fd, const Expected& expected, std::string why) {
+  ServerHandshake handshake(fd, expected);
+  handshake.refuse_after_read_ = std::move(why);
+  return handshake;
+}
+
+short ServerHandshake::events() const {
+  if (reading()) return POLLIN;
+  if (stage_ == Stage::kChallenge || stage_ == Stage::kVerdict || stage_ == Stage::kRefusal) {
+    return POLLOUT;
+  }
+  return 0;
+}
+
+std::string ServerHandshake::waiting_for() const {
+  if (refuse_after_read_ && stage_ == Stage::kHello) {
+    return "handshake: reading the hello of a refused connection";
+  }
+  switch (stage_) {
+    case Stage::kHello:
+      return "handshake: reading the hello";
+    case Stage::kChallenge:
+      return "handshake: sending the challenge";
+    case Stage::kProof:
+      return "handshake: waiting for the proof of the job token";
+    case Stage::kVerdict:
+      return "handshake: sending the verdict";
+    default:
+      return "handshake: sending a refusal";
+  }
+}
+
+ServerHandshake::Status ServerHandshake::advance() {
+  while (status_ == Status::kBusy) {
+    int progress = reading() ? read_message_part() : send_queued();
+    if (progress == 0) break;    // the socket has no more for now
+    if (progress < 0) continue;  // refused (a refusal may be queued to send)
+    if (reading()) {
+      on_message();
+    } else if (stage_ == Stage::kChallenge) {
+      stage_ = Stage::kProof;
+    } else {
+      finish(stage_ == Stage::kVerdict ? Status::kAccepted : Status::kRefused);
+    }
+  }
+  return status_;
+}
+
+int ServerHandshake::read_message_part() {
+  while (in_.size() < want_) {
+    uint8_t buffer[kHeaderBytes + kMaxPayload];
+    ssize_t n = ::recv(fd_, buffer, want_ - in_.size(), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (n <= 0) {
+      std::string why = n == 0 ? "connection closed by the other side" : std::strerror(errno);
+      give_up(waiting_for() + ": " + why);
+      return -1;
+    }
+    in_.insert(in_.end(), buffer, buffer + n);
+    if (!header_read_ && in_.size() == kHeaderBytes) {  // recv() took no more than that
+      MessageKind kind{};
+      uint32_t length = 0;
+      std::string reason;
+      if (!decode_header(in_, &kind, &length, &reason)) {
+        // Another version, or not a chorus peer: say so, in case it listens.
+        refuse(refuse_after_read_.value_or(waiting_for() + ": " + reason));
+        return -1;
+      }
+      header_read_ = true;
+      want_ = kHeaderBytes + length;  // length was checked against kMaxPayload
+    }
+  }
+  return 1;
+}
+
+int ServerHandshake::send_queued() {
+  while (sent_ < out_.size()) {
+    ssize_t n = ::send(fd_, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent_ += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    // A refusal that cannot be sent still refuses; only the reason stays unsaid.
+    std::string why = waiting_for() + ": " + std::strerror(errno);
+    if (stage_ != Stage::kRefusal) refusal_ = why;
+    finish(Status::kRefused);
+    return -1;
+  }
+  return 1;
+}
+
+void ServerHandshake::on_message() {
+  std::vector<uint8_t> message;
+  message.swap(in_);
+  header_read_ = false;
+  want_ = kHeaderBytes;
+  if (refuse_after_read_) return refuse(*refuse_after_read_);
+  std::string reason;
+  if (stage_ == Stage::kHello) {
+    if (!decode_hello(message, &hello_, &reason)) return refuse("malformed hello: " + reason);
+    if (auto mismatch = check_hello(hello_, *expected_)) return refuse(*mismatch);
+    challenge_.nonce = auth::make_nonce();
+    return queue(encode_challenge(challenge_), Stage::kChallenge);
+  }
+  ProofMessage proof;
+  if (!decode_proof(message, &proof, &reason)) return refuse("malformed proof: " + reason);
+  std::string context = proof_context(hello_.comm_id, hello_.from_rank, hello_.to_rank, hello_.size);
+  auth::Proof wanted = auth::prove(expected_->token, context, auth::Role::kClient, hello_.nonce,
+                                   challenge_.nonce);
+  if (!auth::same_proof(proof.proof, wanted)) return refuse(auth::kTokenMismatch);
+  stage_ = Stage::kDecide;
+  status_ = Status::kAuthenticated;
+}
+
+void ServerHandshake::accept() {
+  Verdict verdict;
+  verdict.accepted = true;
+  std::string context = proof_context(hello_.comm_id, hello_.from_rank, hello_.to_rank, hello_.size);
+  verdict.proof = auth::prove(expected_->token, context, auth::Role::kServer, hello_.nonce,
+                              challenge_.nonce);
+  status_ = Status::kBusy;
+  queue(encode_verdict(verdict), Stage::kVerdict);
+}
+
+void ServerHandshake::refuse(const std::string& why) {
+  refusal_ = why;
+  Verdict verdict;
+  verdict.refusal = why;
+  status_ = Status::kBusy;
+  queue(encode_verdict(verdict), Stage::kRefusal);
+}
+
+void ServerHandshake::queue(std::vector<uint8_t> message, Stage stage) {
+  out_ = std::move(message);
+  sent_ = 0;
+  stage_ = stage;
+}
+
+void ServerHandshake::give_up(const std::string& why) {
+  if (status_ == Status::kAccepted || status_ == Status::kRefused) return;
+  if (stage_ != Stage::kRefusal) refusal_ = why;
+  // A message half sent cannot be followed by a refusal the client could read.
+  if (sent_ == out_.size()) {
+    Verdict verdict;
+    verdict.refusal = refusal_;
+    std::vector<uint8_t> message = encode_verdict(verdict);
+    ssize_t ignored = ::send(fd_, message.data(), message.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)ignored;
+  }
+  finish(Status::kRefused);
+}
+
+void ServerHandshake::time_out() {
+  give_up(waiting_for() + (reading() ? ": timed out waiting for data" : ": timed out sending"));
+}
+
+void ServerHandshake::refuse_after_read(const std::string& why) {
+  if (status_ != Status::kBusy || refuse_after_read_) return;
+  if (stage_ == Stage::kVerdict || stage_ == Stage::kRefusal) return;
+  refuse_after_read_ = why;
+}
+
+void ServerHandshake::finish(Status status) {
+  stage_ = Stage::kDone;
+  status_ = status;
+}
+
 std::optional<Hello> server_handshake(int fd, const Expected& expected,
                                       const std::function<bool(int)>& duplicate,
                                       const Deadline& deadline, std::string* refusal) {
-  auto refuse = [&](const std::string& why) -> std::optional<Hello> {
-    *refusal = why;
-    try_send_refusal(fd, why, deadline);
-    return std::nullopt;
-  };
-  std::vector<uint8_t> message;
-  try {
-    message = read_message(fd, deadline, "handshake: reading the hello");
-  } catch (const PeerError& e) {
-    // A malformed header (another version, not a chorus peer): say so if it listens.
-    return refuse(e.what());
+  ServerHandshake handshake(fd, expected);
+  while (true) {
+    switch (handshake.advance()) {
+      case ServerHandshake::Status::kAuthenticated:
+        if (duplicate && duplicate(handshake.hello().from_rank)) {
+          handshake.refuse("duplicate connection from rank " +
+                           std::to_string(handshake.hello().from_rank));
+        } else {
+          handshake.accept();
+        }
+        continue;
+      case ServerHandshake::Status::kAccepted:
+        return handshake.hello();
+      case ServerHandshake::Status::kRefused:
+        *refusal = handshake.refusal();
+        return std::nullopt;
+      case ServerHandshake::Status::kBusy:
+        break;
+    }
+    if (deadline.expired()) {
+      handshake.time_out();
+      throw TimeoutError(handshake.refusal());
+    }
+    pollfd p{fd, handshake.events(), 0};
+    ::poll(&p, 1, deadline.remaining_ms(1000));
   }
-  Hello hello;
-  std::string reason;
-  if (!decode_hello(message, &hello, &reason)) return refuse("malformed hello: " + reason);
-  if (auto mismatch = check_hello(hello, expected)) return refuse(*mismatch);
-  if (duplicate && duplicate(hello.from_rank)) {
-    return refuse("duplicate connection from rank " + std::to_string(hello.from_rank));
-  }
-  Challenge challenge;
-  challenge.nonce = auth::make_nonce();
-  send_message(fd, encode_challenge(challenge), deadline, "handshake: sending the challenge");
-  message = read_message(fd, deadline, "handshake: waiting for the proof of the job token");
-  ProofMessage proof;
-  if (!decode_proof(message, &proof, &reason)) return refuse("malformed proof: " + reason);
-  std::string context = proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size);
-  auth::Proof wanted =
-      auth::prove(expected.token, context, auth::Role::kClient, hello.nonce, challenge.nonce);
-  if (!auth::same_proof(proof.proof, wanted)) return refuse(auth::kTokenMismatch);
-  Verdict verdict;
-  verdict.accepted = true;
-  verdict.proof =
-      auth::prove(expected.token, context, auth::Role::kServer, hello.nonce, challenge.nonce);
-  send_message(fd, encode_verdict(verdict), deadline, "handshake: sending the verdict");
-  return hello;
-}
-
-void refuse_connection(int fd, const std::string& why, const Deadline& deadline) {
-  try {
-    read_message(fd, deadline, "handshake: reading the hello of a refused connection");
-  } catch (const Error&) {
-  }
-  try_send_refusal(fd, why, deadline);
 }
 
 }  // namespace chorus::transport::tcp

@@ -126,20 +126,92 @@ MessageKind kind_of(std::span<const uint8_t> message);
 void client_handshake(int fd, const Hello& hello, const std::string& token,
                       const Deadline& deadline, const std::string& what);
 
-// The server's side, on an accepted socket. Returns the client's HELLO when it is
-// acceptable and proved the token (the VERDICT "accepted" is sent); returns nullopt
-// with `*refusal` set when the connection was refused (a VERDICT with the reason was
-// sent when possible; the caller closes it). `duplicate(rank)` says whether that rank
-// is connected already. Throws PeerError/TimeoutError when the client misbehaves
-// on the wire or goes silent.
+// The server's side of one connection as a state machine, so that one thread can run
+// many handshakes at once, each with its own deadline (the acceptor of a mesh,
+// acceptor.h): advance() reads and writes what the socket takes without blocking and
+// says where the handshake stands.
+//
+//   reading the HELLO -> sending the CHALLENGE -> reading the PROOF -> kAuthenticated
+//   kAuthenticated: accept() -> sending the VERDICT -> kAccepted
+//                   refuse(why) -> sending the refusal -> kRefused
+//
+// The HELLO is checked (check_hello) when it arrives, the proof of the job token when
+// the PROOF does; anything wrong refuses the connection: refusal() says why, naming the
+// field, and a VERDICT saying so is sent when the socket takes it (the caller closes
+// the socket afterwards either way). Whether a rank is connected twice is the caller's
+// to decide, at kAuthenticated: an impostor without the token never gets that far, so
+// it cannot take a rank's place. The socket is not owned.
+class ServerHandshake {
+ public:
+  enum class Status { kBusy, kAuthenticated, kAccepted, kRefused };
+
+  ServerHandshake(int fd, const Expected& expected);
+  // A connection refused before any handshake (an address the allow-list does not
+  // name): takes the client's first message, so that closing does not reset the
+  // connection before the client reads why, and answers with a refusal saying `why`.
+  static ServerHandshake refusal(int fd, const Expected& expected, std::string why);
+
+  Status advance();
+  // What to poll() for while kBusy: POLLIN or POLLOUT.
+  short events() const;
+  // Whether a whole HELLO has arrived.
+  bool hello_received() const { return stage_ != Stage::kHello; }
+  // The client's HELLO, from kAuthenticated on.
+  const Hello& hello() const { return hello_; }
+  // Why the connection was refused, once kRefused.
+  const std::string& refusal() const { return refusal_; }
+
+  // At kAuthenticated: sends the accepting VERDICT (with the server's proof), or a
+  // refusal saying `why`.
+  void accept();
+  void refuse(const std::string& why);
+  // Ends the handshake now (kRefused), saying `why` to the client when its socket
+  // takes it at once.
+  void give_up(const std::string& why);
+  // Ends it at its deadline: kRefused, "handshake: <what it waited for>: timed out".
+  void time_out();
+  // Refuses with `why` once the message being read now is in (or at once when none
+  // is), unless the connection is already past its proof.
+  void refuse_after_read(const std::string& why);
+
+ private:
+  enum class Stage { kHello, kChallenge, kProof, kDecide, kVerdict, kRefusal, kDone };
+
+  bool reading() const { return stage_ == Stage::kHello || stage_ == Stage::kProof; }
+  std::string waiting_for() const;
+  // 1: a whole message is in in_; 0: the socket has no more for now; -1: refused (a
+  // refusal may be queued).
+  int read_message_part();
+  // 1: everything queued is sent; 0: the socket takes no more for now; -1: failed
+  // (kRefused).
+  int send_queued();
+  void on_message();
+  void queue(std::vector<uint8_t> message, Stage stage);
+  void finish(Status status);
+
+  int fd_;
+  const Expected* expected_;
+  Stage stage_ = Stage::kHello;
+  Status status_ = Status::kBusy;
+  std::vector<uint8_t> in_;     // the message being read
+  size_t want_ = kHeaderBytes;  // its length, once its header is in
+  bool header_read_ = false;
+  std::vector<uint8_t> out_;
+  size_t sent_ = 0;
+  Hello hello_;
+  Challenge challenge_;
+  std::string refusal_;
+  std::optional<std::string> refuse_after_read_;
+};
+
+// The server's side on one socket, blocking until the deadline (the state machine
+// above, polled; the security tests run it against a socket pair). Returns the client's HELLO when it is acceptable and proved the token
+// (the VERDICT "accepted" is sent); returns nullopt with `*refusal` set when the
+// connection was refused (a VERDICT with the reason was sent when possible; the caller
+// closes it). `duplicate(rank)` says whether that rank is connected already. Throws
+// TimeoutError when the deadline passes first.
 std::optional<Hello> server_handshake(int fd, const Expected& expected,
                                       const std::function<bool(int)>& duplicate,
                                       const Deadline& deadline, std::string* refusal);
-
-// Refuses a connection before any handshake (an address the allow-list does not name):
-// takes the client's first message if it comes before the deadline, so that closing
-// does not reset the connection before the client reads why, and answers with a
-// refusal saying `why`. Best effort; never throws.
-void refuse_connection(int fd, const std::string& why, const Deadline& deadline);
 
 }  // namespace chorus::transport::tcp

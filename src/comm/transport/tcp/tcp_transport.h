@@ -30,9 +30,14 @@ struct TcpOptions {
 // the communicator) and options. Returns once this rank is connected to every other.
 // Throws TimeoutError naming the ranks that never published or connected, PeerError
 // when a peer refuses the handshake (naming the field, or the job token), ConfigError
-// for a bad allow-list. Connections from addresses the allow-list does not name, and
-// ones that fail the handshake, are closed and logged with their address; this rank
-// keeps accepting until the connect deadline.
+// for a bad allow-list, for a world size that differs between ranks (every rank fails
+// at once, naming both sizes and their ranks) and, before anything is published, for
+// a world size RLIMIT_NOFILE cannot hold (2 descriptors per peer, and up to
+// kMaxUnauthenticated more during start-up; the soft limit is raised to the hard one
+// where that is enough). Connections from addresses the allow-list does not name, and
+// ones that fail the handshake or stay silent past theirs, are closed and logged with
+// their address; this rank accepts, all connections at once (acceptor.h), from
+// before it publishes its address until every other rank has connected to it.
 std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size,
                                         const TcpOptions& options);
 
