@@ -119,7 +119,11 @@ class Seeds(unittest.TestCase):
         env = dict(os.environ, CHORUS_SEED_WORKDIR=tempfile.mkdtemp())
         proc = subprocess.run([os.path.join(self.ROOT, "examples", "seeds", "run.sh"), *args],
                               env=env, capture_output=True, text=True, timeout=900)
-        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        # The causes first: a C++ exception's backtrace would fill the tail.
+        causes = [l for l in (proc.stdout + proc.stderr).splitlines()
+                  if "frame #" not in l and ("rror" in l or "failed" in l or "what()" in l)]
+        self.assertEqual(proc.returncode, 0, "\n".join(causes[:40]) + "\n" +
+                         proc.stdout[-3000:] + proc.stderr[-3000:])
         hashes = [l.split()[-1] for l in proc.stdout.splitlines() if "param-hash" in l]
         return proc.stdout, hashes
 
