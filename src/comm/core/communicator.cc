@@ -319,6 +319,10 @@ void CommunicatorImpl::run(Op& op) {
   info.seq = op.seq;
   info.kind = op.spec.collective ? transport::FrameKind::kCollective : transport::FrameKind::kP2P;
   info.deadline = Deadline(options_.timeout);
+  info.sig.count = op.spec.agreed_count;
+  info.sig.root = op.spec.collective ? op.spec.root : -1;  // a send's peer is not its recv's
+  info.sig.dtype = static_cast<uint8_t>(op.spec.dtype);
+  if (op.spec.reduces) info.sig.reduce = static_cast<uint8_t>(op.spec.op);
   algorithms::Context ctx{*transport_,
                           rank_,
                           size_,
