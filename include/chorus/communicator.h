@@ -25,6 +25,33 @@
 // operation, its sequence number, the peer's rank and host, and aborts the
 // communicator: queued and later operations fail at once with AbortedError.
 //
+// Calls that disagree between ranks (another collective at the same place in the
+// order, or the same one with another dtype, count, reduction op or root; a recv of
+// another dtype or count than its send; for allgatherv, other recv_counts) fail with
+// PeerError and abort the communicator, since data may have moved (partly, into
+// buffers) before the disagreement showed. Every tcp frame header and shared-memory
+// descriptor carries the sender's call, the receiver compares it with its own, and the
+// rank that finds a difference aborts, which fails the ranks waiting for it. The
+// message starts with the operation and its sequence number and names both ranks and
+// both calls: "allreduce #7 failed on rank 1 (host h): mismatch with rank 0 (host h):
+// rank 0 called allreduce #7 with f64 × 1000, sum; this rank called allreduce #7 with
+// f32 × 2000, sum (...)"; a rank that learns it from that rank's abort has the same
+// after "rank 1 (host h, ...) aborted: ". A disagreement that no frame shows (ranks that
+// each wait for the other under different roots, and send nothing) is found after
+// 100 ms of waiting, when a waiting rank tells the peers it waits for which call it is
+// in and checks the first frame of its other peers.
+//
+// One case completes before it can know: a rank whose part of the call only sends, or
+// receives only from ranks that made the same call (over tcp: the root of a broadcast
+// or scatter; a broadcast rank whose path from the root it named agreed with it; a
+// reduce or gather rank that only sends; the sender of a send()). Its result is the one
+// its own call asked for (nothing it holds came from a disagreeing rank), and the call
+// completes once its data is with the transport. Its next call that waits for a peer
+// fails with PeerError naming the mismatch (a send that fits the socket buffers or the
+// shared-memory ring does not wait). Over shared memory, every rank of a collective
+// compares descriptors before any data moves and fails the call itself; a send there
+// completes as over tcp.
+//
 // Completion: a Work completes when this rank's part is done and its buffers may be
 // reused. A send over tcp can complete once the kernel holds its bytes, before the
 // receiver looked at them; if the receiver then fails the matching recv (a mismatch,

@@ -9,7 +9,8 @@
 //                     was sent; the communicator is still usable.
 //   kConfig           an environment variable or option had a bad value.
 //   kTimeout          a deadline passed (connect, operation, store wait).
-//   kPeer             a peer died, closed its connection or sent a bad frame.
+//   kPeer             a peer died, closed its connection, sent a bad frame, or made
+//                     another call (dtype, count, op, root: see communicator.h).
 //   kAborted          the communicator is broken: an earlier error aborted it. Every
 //                     later call fails at once. Rebuild the communicator.
 //   kStore            the rendezvous store failed (server gone, protocol error).

@@ -25,6 +25,7 @@
 #include "chorus/chorus.h"
 #include "util/expected.h"
 #include "util/ranks.h"
+#include "util/checks.h"
 
 namespace chorus {
 namespace {
@@ -43,9 +44,7 @@ CommOptions short_options() {
   return options;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using chorus::test::contains;
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });

@@ -47,6 +47,7 @@
 #include "chorus/chorus.h"
 #include "util/expected.h"
 #include "util/ranks.h"
+#include "util/checks.h"
 
 namespace chorus {
 namespace {
@@ -76,9 +77,7 @@ constexpr const char* kKinds[] = {"allreduce",  "broadcast",      "reduce", "all
                                   "alltoall",   "alltoallv",      "barrier", "sendrecv"};
 constexpr int kNumKinds = sizeof(kKinds) / sizeof(kKinds[0]);
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using chorus::test::contains;
 
 double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 

@@ -14,6 +14,7 @@
 
 #include "chorus/chorus.h"
 #include "util/ranks.h"
+#include "util/checks.h"
 
 namespace chorus {
 namespace {
@@ -21,9 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
+using chorus::test::contains;
 
 // Something the rank threads wait for, with a deadline.
 class Flag {

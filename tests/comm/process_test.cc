@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "util/ranks.h"
+#include "util/checks.h"
 
 namespace chorus {
 namespace {
@@ -39,9 +40,7 @@ const std::string kWorker = std::string(CHORUS_BIN_DIR) + "/chorus_test_worker";
 // a dead process").
 constexpr seconds kDetectionDeadline{5};
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using chorus::test::contains;
 
 // ctest runs this suite as it is (ranks of this machine meet in shared memory) and with
 // CHORUS_TRANSPORT=tcp, which the workers inherit.

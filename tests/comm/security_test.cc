@@ -46,9 +46,7 @@ namespace tcp = transport::tcp;
 
 const char kLoopback[] = "127.0.0.1";
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using chorus::test::contains;
 
 bool contains_bytes(const Bytes& haystack, const std::string& needle) {
   return std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end()) !=

@@ -748,8 +748,8 @@ TEST(Shm, PointToPointThroughChannels) {
 
 // What a rank sent stays in its channel after it left: the receiver still gets it all.
 // Waiting for more from a rank that left is an error naming it; so is a message of
-// another length than the recv expects, on the receiver (with both lengths), and then
-// on the sender, whose next operation finds the receiver aborted.
+// another count than the recv expects, on the receiver (with both calls), and then on
+// the sender, whose next operation finds the receiver aborted.
 TEST(Shm, PointToPointAfterTheSenderLeftAndOfTheWrongLength) {
   std::string receiver_error;
   std::vector<float> sent(30000);
@@ -792,9 +792,10 @@ TEST(Shm, PointToPointAfterTheSenderLeftAndOfTheWrongLength) {
       errors[c.rank()] = e.what();
     }
   });
-  EXPECT_NE(errors[1].find("mismatched message from rank 0 (host"), std::string::npos) << errors[1];
-  EXPECT_NE(errors[1].find("it sent 400 bytes where this rank's recv expects 396"), std::string::npos)
-      << errors[1];
+  EXPECT_EQ(errors[1].rfind("recv #0 failed on rank 1 (host", 0), 0u) << errors[1];
+  EXPECT_NE(errors[1].find("mismatch with rank 0 (host"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("rank 0 called send with f32 × 100; this rank called recv with f32 × 99 ("),
+            std::string::npos) << errors[1];
   EXPECT_NE(errors[0].find("rank 1 (host"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("aborted"), std::string::npos) << errors[0];
 }

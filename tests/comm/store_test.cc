@@ -39,9 +39,7 @@ const char kLoopback[] = "127.0.0.1";
 
 Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using chorus::test::contains;
 
 using test::error_of;
 using test::eventually;

@@ -18,6 +18,7 @@
 #include "run/cpu_binding.h"
 #include "util/chorusrun.h"
 #include "util/ranks.h"
+#include "util/checks.h"
 
 namespace chorus {
 namespace {
@@ -29,9 +30,7 @@ using test::Subprocess;
 const std::string kWorker = std::string(CHORUS_BIN_DIR) + "/chorus_test_worker";
 const std::string kScripted = std::string(CHORUS_BIN_DIR) + "/workers_test_helper";
 
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
+using chorus::test::contains;
 
 std::unique_ptr<Subprocess> launcher(const std::vector<std::string>& args,
                                      std::map<std::string, std::string> env = {}) {

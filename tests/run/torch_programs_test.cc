@@ -16,6 +16,7 @@
 
 #include "util/chorusrun.h"
 #include "util/ranks.h"
+#include "util/checks.h"
 
 namespace chorus {
 namespace {
@@ -27,9 +28,7 @@ const std::string kPython = "/usr/bin/python3";
 const std::string kHelpers = std::string(CHORUS_SOURCE_DIR) + "/tests/run/helpers";
 const std::string kScript = kHelpers + "/torch_allreduce.py";
 
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
+using chorus::test::contains;
 
 size_t count(const std::string& text, const std::string& needle) {
   size_t n = 0;

@@ -16,6 +16,7 @@
 
 #include "util/chorusrun.h"
 #include "util/ranks.h"
+#include "util/checks.h"
 
 namespace {
 
@@ -26,9 +27,7 @@ const std::string kRun = std::string(CHORUS_BIN_DIR) + "/chorusrun";
 const std::string kMnist = std::string(CHORUS_BIN_DIR) + "/chorus-mnist";
 const std::string kFashion = "/usr/share/datasets/fashion-mnist";
 
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
+using chorus::test::contains;
 
 // chorusrun with `launcher_args`, in an environment without a job's rendezvous variables.
 chorus::test::SpawnOptions launcher_options(std::vector<std::string> launcher_args) {

@@ -1,5 +1,5 @@
-// Small test helpers shared by the suites: the message of an expected error, and
-// polling for state that has no notification to wait on.
+// Small test helpers shared by the suites: the message of an expected error, a
+// substring check, and polling for state that has no notification to wait on.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,11 +7,17 @@
 #include <chrono>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "comm/common/deadline.h"
 
 namespace chorus::test {
+
+// Whether `text` (an error message, a program's output) contains `part`.
+inline bool contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
 
 // Runs `fn` and returns the message of the `E` it throws; fails the test otherwise.
 template <typename E, typename Fn>

@@ -41,7 +41,7 @@
 namespace chorus::algorithms {
 namespace {
 
-using transport::shm::OpDesc;
+using transport::op_code_of;
 using transport::shm::ShmGroup;
 
 // Allreduce chunks of up to this many bytes, in groups of more than two, are reduced
@@ -139,16 +139,6 @@ void stream_done() {
 #if defined(__x86_64__)
   _mm_sfence();
 #endif
-}
-
-OpDesc describe(const Context& ctx, const char* what, size_t count, int root = -1) {
-  OpDesc d;
-  d.count = count;
-  d.code = transport::op_code_of(what);
-  d.dtype = static_cast<uint8_t>(ctx.dtype);
-  d.reduce = ctx.reduce ? static_cast<uint8_t>(ctx.op) : 0xff;
-  d.root = root;
-  return d;
 }
 
 // dst[0, n) = reduction over local ranks (in order) of buffer(r, b) at element `at`;
@@ -362,7 +352,7 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
                                                   : kWholeBytes;
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(describe(ctx, "allreduce", count));
+  g.expect(op_code_of("allreduce"));
   const bool stream = count * e >= kStreamBytes;
   for (size_t at = 0; at < count; at += chunk) {
     const size_t n = std::min(chunk, count - at);
@@ -395,7 +385,7 @@ void shm_reduce(const Context& ctx, ShmGroup& g, const void* in, void* out, size
   const size_t e = ctx.elem, chunk = g.buffer_bytes() / e;
   const auto* src = static_cast<const uint8_t*>(in);
   const bool is_root = g.local_rank() == root;
-  g.expect(describe(ctx, "reduce", count, root));
+  g.expect(op_code_of("reduce"));
   if (g.cma() && count * e >= kCmaReduceMinBytes && count * e < kCmaReduceMaxBytes) {
     return cma_reduce(ctx, g, src, static_cast<uint8_t*>(out), count, root);
   }
@@ -423,7 +413,7 @@ void shm_broadcast(const Context& ctx, ShmGroup& g, const void* send, void* buf,
   const bool is_root = g.local_rank() == root;
   const auto* from = static_cast<const uint8_t*>(send);
   auto* data = static_cast<uint8_t*>(buf);
-  g.expect(describe(ctx, "broadcast", count, root));
+  g.expect(op_code_of("broadcast"));
   if (g.cma() && count * e >= kCmaBroadcastMinBytes) {
     return cma_broadcast(g, from, data, count * e, root);
   }
@@ -446,7 +436,7 @@ void shm_allgather_blocks(const Context& ctx, ShmGroup& g, const void* in, void*
   const size_t largest = block_count(total, p, 0);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(describe(ctx, "allgather", total));
+  g.expect(op_code_of("allgather"));
   if (g.cma() && total * e >= kCmaAllgatherMinBytes) return cma_allgather(ctx, g, src, dst, total);
   for (size_t at = 0; at < largest; at += chunk) {
     const int b = g.next_buffer();
@@ -474,7 +464,7 @@ void shm_reduce_scatter_blocks(const Context& ctx, ShmGroup& g, const void* in, 
   const size_t largest = block_count(total, p, 0);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(describe(ctx, "reduce_scatter", total));
+  g.expect(op_code_of("reduce_scatter"));
   if (g.cma() && total * e >= kCmaReduceScatterMinBytes) {
     return cma_reduce_scatter(ctx, g, src, dst, total, avg);
   }
@@ -503,7 +493,7 @@ void shm_reduce_scatter_blocks(const Context& ctx, ShmGroup& g, const void* in, 
 void shm_gather(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
                 int root) {
   const int me = g.local_rank(), p = g.local_size();
-  g.expect(describe(ctx, "gather", count, root));
+  g.expect(op_code_of("gather"));
   with_published_buffers(g, in, out, [&] {
     if (me != root || count == 0) return;
     std::vector<size_t> counts(p, count), displs(p);
@@ -516,7 +506,7 @@ void shm_scatter(const Context& ctx, ShmGroup& g, const void* in, void* out, siz
                  int root) {
   const size_t bytes = count * ctx.elem;
   const int me = g.local_rank();
-  g.expect(describe(ctx, "scatter", count, root));
+  g.expect(op_code_of("scatter"));
   with_published_buffers(g, in, out, [&] {
     if (bytes == 0) return;
     if (me != root) return g.read_peer(root, g.peer_in(root) + me * bytes, out, bytes);
@@ -530,7 +520,7 @@ void shm_alltoall(const Context& ctx, ShmGroup& g, const void* in, void* out, si
   const int me = g.local_rank(), p = g.local_size();
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(describe(ctx, "alltoall", count));
+  g.expect(op_code_of("alltoall"));
   // In place, this rank overwrites the blocks its peers are reading: they read a copy.
   if (in == out && bytes > 0) {
     uint8_t* copy = ctx.scratch.get(bytes * p, 1);
@@ -565,7 +555,7 @@ int32_t shm_alltoallv(const Context& ctx, ShmGroup& g, const void* in,
   const int me = g.local_rank(), p = g.local_size();
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(describe(ctx, "alltoallv", 0));
+  g.expect(op_code_of("alltoallv"));
   const int b = g.next_buffer();
   // Table of rank r: [0] its send buffer's address, 0 when the data is in the segment;
   // [1 + 3q] count to rank q, [2 + 3q] displacement (in the segment: packed), [3 + 3q]
@@ -642,26 +632,19 @@ int32_t shm_alltoallv(const Context& ctx, ShmGroup& g, const void* in,
 void shm_allgatherv(const Context& ctx, ShmGroup& g, const void* in, void* out,
                     const std::vector<size_t>& counts, const std::vector<size_t>& displs) {
   const int p = g.local_size();
-  // The ranks compare the sum of the counts and a fingerprint of all of them (FNV-1a):
-  // a rank that expects more from a peer than the peer sends must not read past it.
-  uint64_t total = 0, layout = 1469598103934665603ull;
-  for (int r = 0; r < p; ++r) {
-    total += counts[r];
-    for (int k = 0; k < 8; ++k) {
-      layout = (layout ^ ((counts[r] >> (8 * k)) & 0xff)) * 1099511628211ull;
-    }
-  }
+  // The ranks compare their calls' digests of the counts (Signature::count): a rank
+  // that expects more from a peer than the peer sends must not read past it.
+  uint64_t total = 0;
+  for (int r = 0; r < p; ++r) total += counts[r];
   if (total == 0) return;
-  OpDesc d = describe(ctx, "allgatherv", total);
-  d.layout = layout;
-  g.expect(d);
+  g.expect(op_code_of("allgatherv"));
   with_published_buffers(g, in, out, [&] {
     read_blocks(ctx, g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), counts, displs);
   });
 }
 
-void shm_barrier(const Context& ctx, ShmGroup& g) {
-  g.expect(describe(ctx, "barrier", 0));
+void shm_barrier(const Context&, ShmGroup& g) {
+  g.expect(op_code_of("barrier"));
   g.arrive();
   g.wait_all();
 }

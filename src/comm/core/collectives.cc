@@ -34,6 +34,7 @@ OpSpec reducing(const char* name, DataType dtype, ReduceOp op) {
 // (alltoallv's vary by design and are checked by the collective itself) and the root.
 OpSpec shaped(OpSpec s, size_t count, int root = -1) {
   s.count = count;
+  s.agreed_count = count;
   s.root = root;
   return s;
 }
@@ -150,7 +151,9 @@ Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* rec
   std::vector<size_t> offsets =
       displs.empty() ? packed_displs(recv_counts) : std::vector<size_t>(displs.begin(), displs.end());
   Algorithm algo = algorithm_for("allgatherv", 0);  // the same at every size
-  return enqueue(shaped(spec("allgatherv", dtype), send_count), [=](const Context& ctx) {
+  OpSpec s = shaped(spec("allgatherv", dtype), send_count);
+  s.agreed_count = transport::counts_digest(recv_counts.data(), recv_counts.size());
+  return enqueue(s, [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) {
       return alg::shm_allgatherv(ctx, *ctx.shm, send, recv, counts, offsets);
     }

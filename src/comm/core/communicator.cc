@@ -311,6 +311,20 @@ void CommunicatorImpl::fail_aborted(Op& op) {
       reason)));
 }
 
+namespace {
+
+// What every rank of a call passes alike (transport::Signature), from its spec.
+transport::Signature signature_of(const OpSpec& spec) {
+  transport::Signature sig;
+  sig.count = spec.agreed_count;
+  sig.root = spec.collective ? spec.root : -1;  // a send's peer is not its recv's
+  sig.dtype = static_cast<uint8_t>(spec.dtype);
+  if (spec.reduces) sig.reduce = static_cast<uint8_t>(spec.op);
+  return sig;
+}
+
+}  // namespace
+
 void CommunicatorImpl::run(Op& op) {
   if (abort_requested_.load()) return fail_aborted(op);
   transport::OpInfo info;
@@ -319,6 +333,7 @@ void CommunicatorImpl::run(Op& op) {
   info.seq = op.seq;
   info.kind = op.spec.collective ? transport::FrameKind::kCollective : transport::FrameKind::kP2P;
   info.deadline = Deadline(options_.timeout);
+  info.sig = signature_of(op.spec);
   algorithms::Context ctx{*transport_,
                           rank_,
                           size_,
@@ -372,25 +387,18 @@ void CommunicatorImpl::run(Op& op) {
 namespace {
 
 // What CHORUS_DEBUG=DETAIL compares: fixed size, so that the exchange itself matches
-// on every rank whatever each one is about to run.
+// on every rank whatever each one is about to run. The call's signature is the one the
+// transports compare (transport.h), so a valid allgatherv or alltoallv, whose send
+// counts differ between ranks, agrees here too.
 struct Fingerprint {
-  uint64_t seq;
-  uint64_t count;
-  int32_t root;
-  uint8_t code;
-  uint8_t dtype;
-  uint8_t op;  // 0xff: no reduction
-  uint8_t pad;
+  uint64_t seq = 0;
+  transport::Signature sig;
+  uint8_t code = 0;
   bool operator==(const Fingerprint&) const = default;
 };
 
 std::string describe(const Fingerprint& f) {
-  std::string s = std::string(transport::op_code_name(f.code)) + " #" + std::to_string(f.seq) +
-                  " (count " + std::to_string(f.count) + ", " +
-                  dtype_name(static_cast<DataType>(f.dtype));
-  if (f.op != 0xff) s += std::string(", ") + op_name(static_cast<ReduceOp>(f.op));
-  if (f.root >= 0) s += ", root " + std::to_string(f.root);
-  return s + ")";
+  return transport::describe_call(f.code, nullptr, f.seq, false, f.sig);
 }
 
 }  // namespace
@@ -402,9 +410,10 @@ void CommunicatorImpl::check_consistency(const Op& op) {
   info.seq = op.seq;
   info.deadline = Deadline(options_.timeout);
   transport_->begin(info);
-  Fingerprint mine{op.seq, op.spec.count, op.spec.root, transport::op_code_of(op.spec.name),
-                   static_cast<uint8_t>(op.spec.dtype),
-                   static_cast<uint8_t>(op.spec.reduces ? static_cast<uint8_t>(op.spec.op) : 0xff), 0};
+  Fingerprint mine;  // padding bytes travel too, unread: == compares the fields
+  mine.seq = op.seq;
+  mine.sig = signature_of(op.spec);
+  mine.code = transport::op_code_of(op.spec.name);
   std::vector<Fingerprint> all(size_);
   std::vector<size_t> counts(size_, sizeof(Fingerprint)), displs(size_);
   for (int r = 0; r < size_; ++r) displs[r] = r * sizeof(Fingerprint);

@@ -35,7 +35,10 @@ struct OpSpec {
   ReduceOp op = ReduceOp::kSum;
   bool reduces = false;
   uint64_t count = 0;  // elements per rank, for the consistency check
-  int root = -1;
+  int root = -1;       // send/recv: the peer (for the flight recorder)
+  // The count every rank passes, in the call's signature (transport::Signature: the
+  // allgatherv's digest of recv_counts; 0 for alltoallv, whose counts vary).
+  uint64_t agreed_count = 0;
 };
 
 class CommunicatorImpl final : public Communicator,

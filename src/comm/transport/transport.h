@@ -4,19 +4,32 @@
 // Model: between every pair of ranks there is one ordered stream in each direction.
 // isend()/irecv() queue a message on that stream and return at once; messages on one
 // stream are matched in the order they were posted on both sides, and each carries a
-// header (kind, sequence number, length) so that a mismatch between what one rank sent
-// and what the other expected is an error, not silent corruption.
+// header (kind, operation, sequence number, length, and the call's signature: dtype,
+// reduction, root, count; see OpInfo) so that a mismatch between what one rank sent and
+// what the other expected, or between the calls the two made, is an error naming both
+// sides, not silent corruption.
+//
+// A receiver compares every header with its own call. One that waits for a peer that
+// never sends (the ranks disagree on the root, say) would see no header at all: after
+// kSuspectAfter without completing, a waiting rank also looks at the first frame the
+// other peers have sent it (compared with the call of that sequence number, if this
+// rank made it) and tells the peers it waits for which call it waits in, so that two
+// ranks waiting for each other under different calls find out too.
 //
 // Threading: a transport is driven by one thread at a time (the communicator's
 // progress thread). Progress happens only inside wait()/wait_all(), which poll every
 // stream with pending work, so sends and receives to different peers proceed together.
 //
-// Errors: wait()/wait_all() throw PeerError (a peer died, closed, aborted or sent a
-// bad frame) or TimeoutError (the operation's deadline passed); the messages name the
-// operation, its sequence number, the peer's rank and host. After an error the
-// transport is unusable; abort() tells the peers and closes every stream.
+// Errors: wait()/wait_all() throw PeerError (a peer died, closed, aborted, sent a bad
+// frame or made another call: "allreduce #7 failed on rank 1 (host h): mismatch with
+// rank 0 (host h): rank 0 called allreduce #7 with f64 × 1000, sum; this rank called
+// allreduce #7 with f32 × 2000, sum") or TimeoutError (the operation's deadline
+// passed); the messages name the operation, its sequence number, the peer's rank and
+// host. After an error the transport is unusable; abort() tells the peers and closes
+// every stream.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -30,6 +43,7 @@ enum class FrameKind : uint8_t {
   kP2P = 2,         // data of send/recv; seq = per-stream counter
   kAbort = 3,       // the sender aborted; payload = reason text
   kGoodbye = 4,     // the sender closed the communicator cleanly
+  kWaiting = 5,     // no payload: the sender waits for this rank in the call of the header
 };
 
 // The operations, numbered for frame headers so that a rank that receives a frame of
@@ -51,6 +65,26 @@ inline uint8_t op_code_of(const char* name) {
 inline constexpr uint8_t kConsistencyCheckCode = 13;
 inline const char* op_code_name(uint8_t code) { return code <= 13 ? kOpNames[code] : "?"; }
 
+// What identifies a call across ranks beyond the operation and its sequence number:
+// every rank of a collective passes the same, and a recv the same as its send. Written
+// in every tcp frame header and shared-memory descriptor and message header, and
+// compared by the receiver.
+inline constexpr uint8_t kNoDtype = 0xff, kNoReduce = 0xff;
+struct Signature {
+  // The count argument that every rank passes (allreduce, broadcast, reduce, allgather:
+  // count; reduce_scatter: recv_count; gather, scatter, alltoall: count per rank;
+  // allgatherv: a digest of recv_counts, see counts_digest(); send/recv: the message's
+  // count); 0 where counts differ by design (alltoallv, which checks them itself).
+  uint64_t count = 0;
+  int32_t root = -1;         // broadcast, reduce, gather, scatter; -1 otherwise
+  uint8_t dtype = kNoDtype;  // a DataType
+  uint8_t reduce = kNoReduce;  // a ReduceOp where the call reduces
+  bool operator==(const Signature&) const = default;
+};
+
+// FNV-1a over recv_counts: the allgatherv count that every rank must agree on.
+uint64_t counts_digest(const size_t* counts, size_t n);
+
 // What the transport reports in errors and writes in headers for the current operation.
 struct OpInfo {
   const char* name = "";  // "allreduce"
@@ -58,7 +92,25 @@ struct OpInfo {
   uint64_t seq = 0;       // sequence number of the operation on this communicator
   FrameKind kind = FrameKind::kCollective;
   Deadline deadline{std::chrono::milliseconds(0)};
+  Signature sig;
 };
+
+// "allreduce #7 with f32 × 2000, sum", "broadcast #3 with f64 × 10, root 1", "barrier #4",
+// "allgatherv #5 with f32 × recv_counts of digest 9f0c...", "send with f32 × 100" (no
+// sequence number: p2p numbers differ between the two ranks). `code` is op_code_of(),
+// `name` the operation's own name where it has one (send or recv), else null.
+std::string describe_call(uint8_t code, const char* name, uint64_t seq, bool p2p,
+                          const Signature& sig);
+// "mismatch with <peer>: rank P called <theirs>; this rank called <mine> (...)", the part
+// of a mismatch error after "<op> #<seq> failed on <this rank>: ".
+std::string mismatch_text(const std::string& peer, int peer_rank, const std::string& theirs,
+                          const std::string& mine);
+
+// A wait that has not completed after this long looks further than the streams it
+// waits on (see the model above). Far above any healthy wait on one machine (1 MiB
+// allreduce, 4 ranks over loopback: about 2 ms) so that it costs nothing there, and far
+// below any operation timeout.
+inline constexpr std::chrono::milliseconds kSuspectAfter{100};
 
 // Identifies a posted message: the peer, the direction and the position in that
 // stream. Cheap to copy.

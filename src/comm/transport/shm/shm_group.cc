@@ -27,7 +27,7 @@ namespace chorus::transport::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x6d68732d73756f68ULL;  // "hous-shm"
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kControlBytes = 1024;
 constexpr size_t kReasonBytes = 768;
@@ -64,9 +64,11 @@ size_t segment_bytes(int local_size, size_t buffer_bytes) {
 // Before every point-to-point message in its channel.
 struct MessageHeader {
   uint32_t magic;
-  uint32_t reserved;
+  uint8_t dtype;    // the send's (Signature)
+  uint8_t reserved[3];
   uint64_t length;  // bytes that follow
   uint64_t number;  // 1, 2, ... per channel
+  uint64_t count;   // the send's (Signature)
 };
 constexpr uint32_t kMessageMagic = 0x70327073;  // "sp2p"
 // A stream moves at most this much before it publishes its progress, so that the
@@ -345,8 +347,11 @@ void ShmGroup::fail_read(int i, int err) {
 
 void ShmGroup::begin(const OpInfo& op) { op_ = op; }
 
-void ShmGroup::expect(const OpDesc& desc) {
-  desc_ = desc;
+void ShmGroup::expect(uint8_t step) {
+  desc_.seq = op_.seq;
+  desc_.sig = op_.sig;
+  desc_.code = op_.code;
+  desc_.step = step;
   desc_pending_ = true;
   check_pending_ = true;
 }
@@ -579,18 +584,14 @@ void ShmGroup::check_descriptors() {
   for (int i = 0; i < local_size_; ++i) {
     const OpDesc& theirs = control(i).desc[parity];
     if (theirs == desc_) continue;
-    auto describe = [](const OpDesc& d) {
-      std::ostringstream s;
-      s << op_code_name(d.code) << " (count " << d.count << ", dtype " << int(d.dtype)
-        << ", op " << int(d.reduce) << ", root " << d.root;
-      if (d.layout != 0) s << ", counts fingerprint " << std::hex << d.layout << std::dec;
-      s << ")";
-      return s.str();
-    };
-    throw PeerError(op_name() + " on " + rank_name(local_rank_) + ": " + rank_name(i) +
-                    " called " + describe(theirs) + " where this rank called " + describe(desc_) +
-                    "; every rank must call the same collectives in the same order with the "
-                    "same counts");
+    auto call = [](const OpDesc& d) { return describe_call(d.code, nullptr, d.seq, false, d.sig); };
+    std::string m = op_name() + " failed on " + rank_name(local_rank_) + ": ";
+    if (theirs.code == desc_.code && theirs.seq == desc_.seq && theirs.sig == desc_.sig) {
+      // The same call, run differently (forced algorithms that differ between ranks).
+      throw PeerError(m + rank_name(i) + " ran " + op_code_name(theirs.step) +
+                      " in shared memory for it where this rank ran " + op_code_name(desc_.step));
+    }
+    throw PeerError(m + mismatch_text(rank_name(i), config_.members[i], call(theirs), call(desc_)));
   }
 }
 
@@ -645,7 +646,7 @@ uint8_t* ShmGroup::ring(int from, int to) const {
 }
 
 void ShmGroup::send(int i, const void* data, size_t len) {
-  const MessageHeader h{kMessageMagic, 0, len, ++sent_[i]};
+  const MessageHeader h{kMessageMagic, op_.sig.dtype, {}, len, ++sent_[i], op_.sig.count};
   write_stream(i, reinterpret_cast<const uint8_t*>(&h), sizeof h);
   write_stream(i, static_cast<const uint8_t*>(data), len);
 }
@@ -659,6 +660,12 @@ void ShmGroup::recv(int i, void* data, size_t len) {
                     rank_name(i) + " in shared memory (expected message " + std::to_string(number) +
                     ", found magic " + std::to_string(h.magic) + " and number " +
                     std::to_string(h.number) + ")");
+  }
+  const Signature sent{h.count, -1, h.dtype, kNoReduce};
+  if (sent != op_.sig) {
+    throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": " +
+                    mismatch_text(rank_name(i), config_.members[i], describe_call(op_.code, "send", 0, true, sent),
+                                  describe_call(op_.code, op_.name, 0, true, op_.sig)));
   }
   if (h.length != len) {
     throw PeerError("mismatched message from " + rank_name(i) + " to " + rank_name(local_rank_) +

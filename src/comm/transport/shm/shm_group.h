@@ -15,17 +15,20 @@
 // operation's deadline into TimeoutError naming the ranks still awaited.
 //
 // The first phase of every operation also compares a descriptor of the collective
-// (kind, count, dtype, op, root) across ranks, so that ranks calling different
-// collectives fail with a message naming both instead of exchanging wrong data.
+// (the call: operation, sequence number and signature, see transport.h; and the step
+// that runs here) across ranks, so that ranks calling different collectives, or the
+// same one with another dtype, count, op or root, fail with a message naming both calls
+// instead of exchanging wrong data. Every rank compares, so every rank fails.
 //
 // Point to point (send/recv between local ranks): every ordered pair of local ranks has
 // a byte stream in the segment, a ring of channel_bytes_ that only the sender writes
-// and only the receiver reads, with a header before every message (length and number,
-// checked on receipt). A send returns once its last byte is in the ring, so a message
-// that fits needs no receiver yet; a longer one waits for the receiver to drain the
-// ring, as a tcp send waits for a full socket buffer. Data in the ring outlives the
-// sender: a rank may send and leave. Waits are those of the phases (spin, then the
-// futex), and check only the one peer: it aborted, closed or died.
+// and only the receiver reads, with a header before every message (length, number, and
+// the send's dtype and count, checked on receipt against the recv's: a recv of another
+// dtype or count fails naming both calls). A send returns once its last byte is in the
+// ring, so a message that fits needs no receiver yet; a longer one waits for the
+// receiver to drain the ring, as a tcp send waits for a full socket buffer. Data in the
+// ring outlives the sender: a rank may send and leave. Waits are those of the phases
+// (spin, then the futex), and check only the one peer: it aborted, closed or died.
 //
 // Shared work: after a phase that every rank has passed, the ranks can share a round of
 // numbered pieces out (begin_work() with the same count on every rank): a rank takes the
@@ -56,15 +59,14 @@
 
 namespace chorus::transport::shm {
 
-// What each rank publishes about the collective it runs, compared at its first phase.
+// What each rank publishes about the collective it runs, compared at its first phase:
+// the call (from begin()) and the step of it that runs in shared memory, the
+// collective itself or a node phase of a hierarchical one.
 struct OpDesc {
-  uint64_t count = 0;
-  uint8_t code = 0;   // op_code_of(name)
-  uint8_t dtype = 0;
-  uint8_t reduce = 0;
-  int32_t root = -1;
-  // A fingerprint of per-rank counts (allgatherv), which must agree too; 0 otherwise.
-  uint64_t layout = 0;
+  uint64_t seq = 0;
+  Signature sig;
+  uint8_t code = 0;  // op_code_of() of the call
+  uint8_t step = 0;  // op_code_of() of what runs here
   bool operator==(const OpDesc&) const = default;
 };
 
@@ -108,9 +110,9 @@ class ShmGroup {
 
   // Sets the operation reported in errors; called before every operation.
   void begin(const OpInfo& op);
-  // The descriptor published with the operation's first arrival and compared at its
-  // first wait_all().
-  void expect(const OpDesc& desc);
+  // Publishes the descriptor of the current operation (begin()) running `step`
+  // (op_code_of()) with the next arrival, to be compared at the next wait_all().
+  void expect(uint8_t step);
 
   void arrive();
   void wait_all();

@@ -41,6 +41,13 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kSpin = std::chrono::microseconds(50);
 // How often a blocked wait wakes to re-check deadlines.
 constexpr int kPollSliceMs = 500;
+// Collective calls remembered for frames that arrive after this rank has moved on (a
+// rank that completed a broadcast as a leaf, then reads a frame that the broadcast's
+// other root sent it): far more than ranks drift apart, which a peer's frames bound.
+constexpr size_t kCallHistory = 64;
+// How long a rank about to fail for a peer's frame it cannot explain (a peer already in
+// a later call) waits for frames from other peers that name the disagreement.
+constexpr auto kExplainWithin = std::chrono::milliseconds(200);
 constexpr int kMaxIov = 64;
 // One sendmsg() hands the kernel about kMaxSendBytes at most, one readv()
 // takes at most kMaxRecvBytes of payload. Shorter calls hold the socket lock for less
@@ -81,6 +88,16 @@ struct Peer {
   bool said_goodbye = false;
   // Whether poll() should watch an idle stream for the peer closing it.
   bool watch_close = true;
+  // The operation (TcpTransport::serial_) in which the first frame waiting on the idle
+  // stream was checked; while it is the current one, poll() does not watch it for data.
+  uint64_t peeked_serial = 0;
+};
+
+// A collective call this rank made, for frames that name its sequence number.
+struct Call {
+  uint64_t seq = UINT64_MAX;  // UINT64_MAX: none
+  uint8_t code = 0;
+  Signature sig;
 };
 
 class TcpTransport final : public Transport {
@@ -95,7 +112,7 @@ class TcpTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& host_of(int rank) const override { return peers_[rank].host; }
-  void begin(const OpInfo& op) override { op_ = op; }
+  void begin(const OpInfo& op) override;
 
   Request isend(int peer, const void* data, size_t len) override;
   Request irecv(int peer, void* data, size_t len) override;
@@ -118,8 +135,22 @@ class TcpTransport final : public Transport {
   bool progress_sends(int peer);
   bool progress_recvs(int peer);
   void poll_once();
-  void check_idle_peer(int peer);
+  void check_idle_peer(int peer, short revents);
   void finish_header(int peer, RecvEntry& e, size_t payload_bytes_read);
+  [[noreturn]] void fail_mismatched(int peer, const RecvEntry& e);
+  // This rank's collective call whose sequence number ends in `seq` (frames carry the
+  // low 32 bits), when it made it and still remembers it.
+  const Call* call_of(uint32_t seq) const;
+  // Throws PeerError when `h` (from `peer`) names a call of this rank's with another
+  // operation or signature.
+  void check_against_call(int peer, const FrameHeader& h);
+  // Before failing with a message that cannot name the disagreement: throws the
+  // mismatch that the first frame on another stream (not `except`'s) names, waiting up
+  // to `within` for such frames to arrive.
+  void look_for_mismatch(int except, std::chrono::milliseconds within);
+  std::string describe_frame(const FrameHeader& h) const;
+  std::string describe_own(const Call& c) const;
+  void send_waiting_frames();
   std::string read_control_text(int peer, const RecvEntry& e, size_t already);
   void send_control(FrameKind kind, const std::string& text);
 
@@ -144,6 +175,14 @@ class TcpTransport final : public Transport {
   int rank_, size_;
   std::vector<Peer> peers_;
   OpInfo op_;
+  uint64_t serial_ = 0;  // operations begun, this one included
+  Call calls_[kCallHistory];  // by sequence number modulo kCallHistory
+  uint64_t last_collective_ = UINT64_MAX;  // sequence number of the latest collective begun
+  // The current operation's slow path: when its first wait went to sleep in poll(),
+  // whether it has waited kSuspectAfter since (and looks further), and whether it has
+  // sent its waiting frames.
+  Clock::time_point first_sleep_{};
+  bool suspect_ = false, waiting_sent_ = false;
   bool closed_ = false;
   net::Fd wakeup_;  // eventfd: interrupt() makes poll() return
   std::atomic<bool> interrupted_{false};
@@ -169,6 +208,16 @@ void TcpTransport::check_interrupt() {
   throw AbortedError(op_name() + " on " + here() + " was aborted: " + interrupt_reason_);
 }
 
+void TcpTransport::begin(const OpInfo& op) {
+  op_ = op;
+  ++serial_;
+  first_sleep_ = Clock::time_point{};
+  suspect_ = waiting_sent_ = false;
+  if (op.kind != FrameKind::kCollective) return;
+  calls_[op.seq % kCallHistory] = Call{op.seq, op.code, op.sig};
+  last_collective_ = op.seq;
+}
+
 Request TcpTransport::isend(int peer, const void* data, size_t len) {
   Peer& p = peers_[peer];
   SendEntry e;
@@ -176,6 +225,7 @@ Request TcpTransport::isend(int peer, const void* data, size_t len) {
   e.header.op = op_.code;
   e.header.seq = op_.kind == FrameKind::kP2P ? p.p2p_sent++ : static_cast<uint32_t>(op_.seq);
   e.header.length = len;
+  e.header.set_signature(op_.sig);
   e.data = static_cast<const uint8_t*>(data);
   p.sends.push_back(e);
   return Request{peer, true, p.sends_posted++};
@@ -188,6 +238,7 @@ Request TcpTransport::irecv(int peer, void* data, size_t len) {
   e.want.op = op_.code;
   e.want.seq = op_.kind == FrameKind::kP2P ? p.p2p_received++ : static_cast<uint32_t>(op_.seq);
   e.want.length = len;
+  e.want.set_signature(op_.sig);
   e.data = static_cast<uint8_t*>(data);
   p.recvs.push_back(e);
   return Request{peer, false, p.recvs_posted++};
@@ -341,29 +392,125 @@ bool TcpTransport::progress_recvs(int peer) {
 // Checks a header once it is complete. `payload_read` bytes after it already went to
 // the receive buffer.
 void TcpTransport::finish_header(int peer, RecvEntry& e, size_t payload_read) {
+  while (true) {
+    const FrameHeader& g = e.got;
+    // The expected frame: every field equal, magic and signature included.
+    if (std::memcmp(&g, &e.want, sizeof g) == 0) return;
+    if (g.magic != kFrameMagic) {
+      fail_peer(peer, "corrupt frame from " + peer_name(peer) + " (bad magic number)");
+    }
+    auto kind = static_cast<FrameKind>(g.kind);
+    if (kind == FrameKind::kAbort) {
+      fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, payload_read));
+    }
+    if (kind == FrameKind::kGoodbye) {
+      look_for_mismatch(peer, kExplainWithin);
+      fail_peer(peer, peer_name(peer) + " left the communicator while this rank expected " +
+                          std::to_string(e.want.length) +
+                          " bytes from it (did the ranks issue different operations?)");
+    }
+    if (kind != FrameKind::kWaiting) fail_mismatched(peer, e);
+    check_against_call(peer, g);
+    // What followed the waiting frame went to the receive buffer as payload: it starts
+    // the next frame, header first.
+    const size_t extra = e.done - sizeof(FrameHeader);
+    const size_t head = std::min(extra, sizeof(FrameHeader));
+    if (head > 0) std::memcpy(&e.got, e.data, head);
+    if (extra > head) std::memmove(e.data, e.data + head, extra - head);
+    e.done = extra;
+    payload_read = extra - head;
+    if (e.done < sizeof(FrameHeader)) return;
+  }
+}
+
+// A data frame that is not the one `e` expects: the peer made another call (named with
+// both signatures), or the same call with other lengths or algorithms.
+void TcpTransport::fail_mismatched(int peer, const RecvEntry& e) {
   const FrameHeader& g = e.got;
-  if (g.magic != kFrameMagic) {
-    fail_peer(peer, "corrupt frame from " + peer_name(peer) + " (bad magic number)");
+  const FrameHeader& w = e.want;
+  if (g.kind == static_cast<uint8_t>(FrameKind::kCollective)) check_against_call(peer, g);
+  const bool p2p = g.kind == static_cast<uint8_t>(FrameKind::kP2P) &&
+                   w.kind == static_cast<uint8_t>(FrameKind::kP2P);
+  if (p2p && g.signature() != w.signature()) {
+    fail_peer(peer, mismatch_text(peer_name(peer), peer, describe_frame(g),
+                                  describe_call(w.op, op_.name, 0, true, w.signature())));
   }
-  auto kind = static_cast<FrameKind>(g.kind);
-  if (kind == FrameKind::kAbort) {
-    fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, payload_read));
+  // A peer that has gone on to a later call completed this one without sending what
+  // this rank waits for: it made this call differently, which its frames to other ranks
+  // may say (a leaf of a broadcast under another root, whose root has sent this rank
+  // its data too). Those frames are on their way, if not here yet.
+  const bool ahead = g.kind == static_cast<uint8_t>(FrameKind::kCollective) &&
+                     w.kind == static_cast<uint8_t>(FrameKind::kCollective) &&
+                     static_cast<int32_t>(g.seq - w.seq) > 0;
+  look_for_mismatch(peer, ahead ? kExplainWithin : std::chrono::milliseconds(0));
+  const bool want_p2p = w.kind == static_cast<uint8_t>(FrameKind::kP2P);
+  std::ostringstream m;
+  m << "mismatched message from " << peer_name(peer) << ": expected "
+    << describe_call(w.op, want_p2p ? op_.name : nullptr, op_.seq, want_p2p, w.signature())
+    << " (" << frame_kind_name(w.kind) << " frame of " << w.length << " bytes), got "
+    << describe_frame(g) << " (" << frame_kind_name(g.kind) << " frame of " << g.length
+    << " bytes): the ranks issued different operations, counts or types";
+  fail_peer(peer, m.str());
+}
+
+const Call* TcpTransport::call_of(uint32_t seq) const {
+  if (last_collective_ == UINT64_MAX) return nullptr;
+  const auto behind = static_cast<int32_t>(static_cast<uint32_t>(last_collective_) - seq);
+  // Not made yet (or before the first call).
+  if (behind < 0 || static_cast<uint64_t>(behind) > last_collective_) return nullptr;
+  const uint64_t full = last_collective_ - static_cast<uint64_t>(behind);
+  const Call& c = calls_[full % kCallHistory];
+  return c.seq == full ? &c : nullptr;
+}
+
+void TcpTransport::check_against_call(int peer, const FrameHeader& h) {
+  // The consistency check of CHORUS_DEBUG=DETAIL shares its collective's number.
+  if (h.op == kConsistencyCheckCode) return;
+  const Call* mine = call_of(h.seq);
+  if (mine == nullptr || mine->code == kConsistencyCheckCode) return;
+  if (mine->code == h.op && mine->sig == h.signature()) return;
+  fail_peer(peer, mismatch_text(peer_name(peer), peer,
+                                describe_call(h.op, nullptr, mine->seq, false, h.signature()),
+                                describe_own(*mine)));
+}
+
+void TcpTransport::look_for_mismatch(int except, std::chrono::milliseconds within) {
+  const Deadline deadline(within);
+  std::vector<bool> looked(size_, false);
+  while (true) {
+    std::vector<pollfd> fds;
+    for (int i = 0; i < size_; ++i) {
+      Peer& p = peers_[i];
+      if (i == rank_ || i == except || looked[i] || !p.in.valid() || p.said_goodbye) continue;
+      if (!p.recvs.empty() && p.recvs.front().done > 0) continue;  // inside a frame
+      int avail = 0;
+      FrameHeader h;
+      if (ioctl(p.in.get(), FIONREAD, &avail) == 0 && avail >= static_cast<int>(sizeof h) &&
+          ::recv(p.in.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) ==
+              static_cast<ssize_t>(sizeof h)) {
+        looked[i] = true;
+        const bool data = h.kind == static_cast<uint8_t>(FrameKind::kCollective) ||
+                          h.kind == static_cast<uint8_t>(FrameKind::kWaiting);
+        if (h.magic == kFrameMagic && data) check_against_call(i, h);
+        continue;
+      }
+      fds.push_back({p.in.get(), POLLIN, 0});
+    }
+    if (fds.empty() || deadline.expired()) return;
+    if (::poll(fds.data(), fds.size(), deadline.remaining_ms()) <= 0) return;
   }
-  if (kind == FrameKind::kGoodbye) {
-    fail_peer(peer, peer_name(peer) + " left the communicator while this rank expected " +
-                        std::to_string(e.want.length) +
-                        " bytes from it (did the ranks issue different operations?)");
+}
+
+std::string TcpTransport::describe_frame(const FrameHeader& h) const {
+  if (h.kind == static_cast<uint8_t>(FrameKind::kP2P)) {
+    return describe_call(h.op, "send", 0, true, h.signature());
   }
-  if (g.kind != e.want.kind || g.op != e.want.op || g.seq != e.want.seq ||
-      g.length != e.want.length) {
-    std::ostringstream m;
-    m << "mismatched message from " << peer_name(peer) << ": expected " << op_code_name(e.want.op)
-      << " #" << e.want.seq << " (" << frame_kind_name(e.want.kind) << " frame of "
-      << e.want.length << " bytes), got " << op_code_name(g.op) << " #" << g.seq << " ("
-      << frame_kind_name(g.kind) << " frame of " << g.length
-      << " bytes): the ranks issued different operations, counts or types";
-    fail_peer(peer, m.str());
-  }
+  const Call* mine = call_of(h.seq);
+  return describe_call(h.op, nullptr, mine != nullptr ? mine->seq : h.seq, false, h.signature());
+}
+
+std::string TcpTransport::describe_own(const Call& c) const {
+  return describe_call(c.code, nullptr, c.seq, false, c.sig);
 }
 
 std::string TcpTransport::read_control_text(int peer, const RecvEntry& e, size_t already) {
@@ -381,9 +528,14 @@ std::string TcpTransport::read_control_text(int peer, const RecvEntry& e, size_t
 }
 
 void TcpTransport::poll_once() {
+  // After kSuspectAfter asleep in this operation, the first frame on every idle stream
+  // is checked once (POLLIN), and the peers waited for are told what this rank waits in.
+  const auto now = Clock::now();
+  if (first_sleep_ == Clock::time_point{}) first_sleep_ = now;
+  else if (!suspect_ && now - first_sleep_ >= kSuspectAfter) suspect_ = true;
   // Up to two entries per peer: `out` while sends are pending, `in` while receives are
-  // pending or its closing is watched. who[k] is the peer, negative (-1) for the
-  // wake-up fd.
+  // pending or its closing (or, suspecting, its first frame) is watched. who[k] is the
+  // peer, negative (-1) for the wake-up fd.
   std::vector<pollfd> fds;
   std::vector<int> who;
   fds.reserve(2 * size_ + 1);
@@ -397,14 +549,23 @@ void TcpTransport::poll_once() {
       who.push_back(i);
     }
     short ev = 0;
-    if (!p.recvs.empty()) ev |= POLLIN;
+    const bool peek = suspect_ && p.peeked_serial != serial_ && !p.said_goodbye;
+    if (!p.recvs.empty() || peek) ev |= POLLIN;
     if (p.watch_close) ev |= POLLRDHUP;
     if (ev != 0 && p.in.valid()) {
       fds.push_back({p.in.get(), ev, 0});
       who.push_back(i);
     }
   }
-  int rc = ::poll(fds.data(), fds.size(), op_.deadline.remaining_ms(kPollSliceMs));
+  int timeout = op_.deadline.remaining_ms(kPollSliceMs);
+  if (!suspect_) {
+    const auto until =
+        std::chrono::ceil<std::chrono::milliseconds>(first_sleep_ + kSuspectAfter - now);
+    timeout = std::min<int>(timeout, static_cast<int>(std::max<int64_t>(until.count(), 0)));
+  } else if (!waiting_sent_) {
+    timeout = 0;  // look at what is there already, then tell the peers
+  }
+  int rc = ::poll(fds.data(), fds.size(), timeout);
   if (rc < 0 && errno != EINTR) net::throw_errno("poll", errno);
   for (size_t k = 0; rc > 0 && k < fds.size(); ++k) {
     int i = who[k];
@@ -419,37 +580,108 @@ void TcpTransport::poll_once() {
     } else if (!peers_[i].recvs.empty()) {
       progress_recvs(i);
     } else {
-      check_idle_peer(i);
+      check_idle_peer(i, re);
     }
+  }
+  if (suspect_ && !waiting_sent_) {
+    waiting_sent_ = true;
+    send_waiting_frames();
   }
 }
 
-// A stream with nothing expected on it reported a close or error. A dead peer leaves
-// no bytes behind; a clean goodbye or an abort leaves a control frame; data for a later
-// operation is left for that operation to read.
-void TcpTransport::check_idle_peer(int peer) {
+// A stream with nothing expected on it reported data, a close or an error. A dead peer
+// leaves no bytes behind; a clean goodbye or an abort leaves a control frame; waiting
+// frames are read and checked; data for a later operation is left for that operation
+// to read, once its header was checked against this rank's call of that number (a
+// frame of a call this rank has already completed, or made differently, is an error
+// now rather than at the read that would find it, if any).
+void TcpTransport::check_idle_peer(int peer, short revents) {
   Peer& p = peers_[peer];
-  int avail = 0;
-  if (ioctl(p.in.get(), FIONREAD, &avail) != 0) avail = 0;
-  if (avail == 0) {
-    fail_closed(peer, peer_name(peer) + " closed its connection to this rank");
+  const bool hangup = (revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  while (true) {
+    int avail = 0;
+    if (ioctl(p.in.get(), FIONREAD, &avail) != 0) avail = 0;
+    if (avail == 0) {
+      char c;
+      if (hangup || ::recv(p.in.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+        fail_closed(peer, peer_name(peer) + " closed its connection to this rank");
+      }
+      return;  // nothing (more) yet
+    }
+    FrameHeader h;
+    ssize_t n = avail >= static_cast<int>(sizeof h)
+                    ? ::recv(p.in.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT)
+                    : 0;
+    p.watch_close = false;
+    if (n != static_cast<ssize_t>(sizeof h)) {
+      // Part of a header: the rest is on its way, unless the peer has closed.
+      if (hangup) p.peeked_serial = serial_;
+      return;
+    }
+    p.peeked_serial = serial_;
+    if (h.magic != kFrameMagic) return;  // the read that reaches it reports it
+    if (h.kind == static_cast<uint8_t>(FrameKind::kGoodbye)) {
+      std::vector<uint8_t> sink(sizeof h + std::min<uint64_t>(h.length, kMaxControlPayload));
+      ::recv(p.in.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+      p.said_goodbye = true;
+      return;
+    }
+    if (h.kind == static_cast<uint8_t>(FrameKind::kAbort)) {
+      ::recv(p.in.get(), &h, sizeof h, MSG_DONTWAIT);
+      RecvEntry e;
+      e.got = h;
+      e.data = nullptr;
+      fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, 0));
+    }
+    if (h.kind == static_cast<uint8_t>(FrameKind::kWaiting)) {
+      ::recv(p.in.get(), &h, sizeof h, MSG_DONTWAIT);  // peeked whole: all there
+      check_against_call(peer, h);
+      continue;
+    }
+    if (h.kind != static_cast<uint8_t>(FrameKind::kCollective)) return;
+    check_against_call(peer, h);
+    // Agreeing, for a call this rank made already and is not in: it completed without
+    // the frame, which no later call reads as its own.
+    const Call* mine = call_of(h.seq);
+    const bool in_it =
+        op_.kind == FrameKind::kCollective && mine != nullptr && mine->seq == op_.seq;
+    if (mine != nullptr && !in_it && h.op != kConsistencyCheckCode) {
+      fail_peer(peer, "unexpected message from " + peer_name(peer) + ": it sent " +
+                          describe_frame(h) + " data (" + std::to_string(h.length) +
+                          " bytes) that this rank's " + describe_own(*mine) +
+                          " completed without: the ranks ran it differently (forced algorithms "
+                          "or segment sizes that differ?)");
+    }
+    return;
   }
-  FrameHeader h;
-  ssize_t n = avail >= static_cast<int>(sizeof h)
-                  ? ::recv(p.in.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT)
-                  : 0;
-  p.watch_close = false;
-  if (n != static_cast<ssize_t>(sizeof h) || h.magic != kFrameMagic) return;
-  if (h.kind == static_cast<uint8_t>(FrameKind::kGoodbye)) {
-    std::vector<uint8_t> sink(sizeof h + std::min<uint64_t>(h.length, kMaxControlPayload));
-    ::recv(p.in.get(), sink.data(), sink.size(), MSG_DONTWAIT);
-    p.said_goodbye = true;
-  } else if (h.kind == static_cast<uint8_t>(FrameKind::kAbort)) {
-    ::recv(p.in.get(), &h, sizeof h, MSG_DONTWAIT);
-    RecvEntry e;
-    e.got = h;
+}
+
+// Tells every peer that this rank waits for, and sends nothing to, which call it waits
+// in: a peer that made another call of the same number fails naming both, although
+// neither had anything to send the other (ranks that disagree on a broadcast's root,
+// each waiting for its parent). Best effort: a stream whose socket buffer is full
+// (the peer is not reading it) is skipped.
+void TcpTransport::send_waiting_frames() {
+  if (op_.kind != FrameKind::kCollective) return;
+  for (int i = 0; i < size_; ++i) {
+    Peer& p = peers_[i];
+    if (i == rank_ || p.recvs.empty() || !p.sends.empty() || !p.out.valid()) continue;
+    pollfd writable{p.out.get(), POLLOUT, 0};
+    if (::poll(&writable, 1, 0) != 1 || (writable.revents & POLLOUT) == 0) continue;
+    SendEntry e;
+    e.header.kind = static_cast<uint8_t>(FrameKind::kWaiting);
+    e.header.op = op_.code;
+    e.header.seq = static_cast<uint32_t>(op_.seq);
+    e.header.set_signature(op_.sig);
     e.data = nullptr;
-    fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, 0));
+    ssize_t w = ::send(p.out.get(), &e.header, sizeof e.header, MSG_NOSIGNAL | MSG_DONTWAIT);
+    // Errors show where they matter: on the reads and writes of the call.
+    if (w <= 0 || w == static_cast<ssize_t>(sizeof e.header)) continue;
+    // Cut short (hardly ever, with room for a third of the buffer): the rest goes out
+    // like any frame, so that the stream stays whole.
+    e.done = static_cast<size_t>(w);
+    p.sends.push_back(e);
+    ++p.sends_posted;
   }
 }
 

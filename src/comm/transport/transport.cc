@@ -1,0 +1,64 @@
+#include "comm/transport/transport.h"
+
+#include <cstdio>
+#include <string_view>
+
+#include "chorus/types.h"
+
+namespace chorus::transport {
+namespace {
+
+// Indices in kOpNames, as op_code_of() gives them.
+constexpr uint8_t kAllgathervCode = 5, kAlltoallvCode = 10, kBarrierCode = 11;
+static_assert(std::string_view(kOpNames[kAllgathervCode]) == "allgatherv" &&
+              std::string_view(kOpNames[kAlltoallvCode]) == "alltoallv" &&
+              std::string_view(kOpNames[kBarrierCode]) == "barrier");
+
+std::string dtype_text(uint8_t dtype) {
+  // A byte off the wire may be anything; dtype_name() of an unknown one is "?".
+  if (dtype > static_cast<uint8_t>(DataType::kInt64)) return "an unknown dtype";
+  return dtype_name(static_cast<DataType>(dtype));
+}
+
+}  // namespace
+
+uint64_t counts_digest(const size_t* counts, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t r = 0; r < n; ++r) {
+    const auto c = static_cast<uint64_t>(counts[r]);
+    for (int k = 0; k < 8; ++k) h = (h ^ ((c >> (8 * k)) & 0xff)) * 1099511628211ull;
+  }
+  return h;
+}
+
+std::string describe_call(uint8_t code, const char* name, uint64_t seq, bool p2p,
+                          const Signature& sig) {
+  std::string s = name != nullptr ? name : op_code_name(code);
+  if (!p2p) s += " #" + std::to_string(seq);
+  if (code == kBarrierCode || code == kConsistencyCheckCode) return s;
+  s += " with " + dtype_text(sig.dtype);
+  if (code == kAllgathervCode) {
+    char digest[24];
+    std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(sig.count));
+    s += std::string(" × recv_counts of digest ") + digest;
+  } else if (code != kAlltoallvCode) {
+    s += " × " + std::to_string(sig.count);
+  }
+  if (sig.reduce != kNoReduce) {
+    s += ", ";
+    const bool known = sig.reduce <= static_cast<uint8_t>(ReduceOp::kAvg);
+    s += known ? op_name(static_cast<ReduceOp>(sig.reduce)) : "an unknown op";
+  }
+  if (sig.root >= 0) s += ", root " + std::to_string(sig.root);
+  return s;
+}
+
+std::string mismatch_text(const std::string& peer, int peer_rank, const std::string& theirs,
+                          const std::string& mine) {
+  return "mismatch with " + peer + ": rank " + std::to_string(peer_rank) + " called " + theirs +
+         "; this rank called " + mine +
+         " (every rank must make the same calls in the same order, with the same count, dtype, op "
+         "and root)";
+}
+
+}  // namespace chorus::transport
