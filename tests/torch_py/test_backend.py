@@ -100,8 +100,11 @@ class Failures(unittest.TestCase):
         for n, nodes in ((3, 1), (4, 2)):
             with self.subTest(world_size=n, nodes=nodes):
                 for r, seconds, line in self.run_victim("kill", n, nodes, 60):
-                    # The deadline: a dead peer is an error within 5 s.
-                    self.assertLess(seconds, 5.0, line)
+                    # A dead peer is found dead (its connection or segment gone), not
+                    # by the group's 60 s timeout running out; tests assert no times.
+                    # (Seen: 0.03-0.08 s after the kill on an idle machine.)
+                    self.assertNotIn("timed out", line)
+                    self.assertIn("rank %d " % (n - 1), line)
 
     def test_stopped_rank_times_out(self):
         for r, seconds, line in self.run_victim("stop", 3, 1, 3):
