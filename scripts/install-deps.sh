@@ -5,10 +5,12 @@ set -euo pipefail
 
 # python3-torch, python3-dev, pybind11-dev: the torch.distributed backend (python/) for
 # Debian's /usr/bin/python3.
+# file, dpkg-dev: cpack's Debian packages (scripts/package.sh), whose Depends
+# dpkg-shlibdeps computes.
 # libopenblas0-pthread: Debian's libtorch computes on whichever libblas.so.3 the system
 # selects; without it that is the reference BLAS, about 10x slower for the seed job.
 packages=(cmake make g++ pkg-config libgtest-dev libgmock-dev zlib1g-dev libcli11-dev libssl-dev
-          nlohmann-json3-dev iproute2 procps
+          nlohmann-json3-dev iproute2 procps file dpkg-dev
           libtorch-dev libopenblas0-pthread dataset-fashion-mnist
           python3-torch python3-torchvision python3-dev pybind11-dev)
 packages+=("$@")

@@ -141,6 +141,7 @@ Options parse_options(int argc, char** argv) {
                  "outnumber the CPUs), share, none")
       ->check(parsed_by("POLICY", chorus::run::parse_cpu_bind));
   app.add_flag("--json", o.json, "print rows as JSON lines");
+  app.set_version_flag("--version", std::string("chorus-bench ") + CHORUS_VERSION);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,9 +11,11 @@
 
 #include "chorus/error.h"
 #include "chorus/torch/checkpoint.h"
+#include "chorus/torch/checksum.h"
 #include "chorus/torch/data.h"
 #include "chorus/torch/ddp.h"
 #include "models.h"
+#include "chorus/version.h"
 
 namespace {
 
@@ -75,6 +77,7 @@ int parse(int argc, char** argv, Args& a) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (0: OMP_NUM_THREADS or 1)")
       ->check(CLI::NonNegativeNumber);
+  app.set_version_flag("--version", std::string("chorus-mnist ") + CHORUS_VERSION);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -104,18 +107,6 @@ std::shared_ptr<const chorus::data::MnistDataset> load_split(const Args& a, chor
   return chorus::data::MnistDataset::load(o);
 }
 
-// FNV-1a over every parameter's bytes: equal checksums mean bitwise-equal replicas.
-std::string checksum(torch::nn::Module& m) {
-  uint64_t h = 1469598103934665603ull;
-  for (auto& p : m.parameters()) {
-    torch::Tensor c = p.detach().contiguous();
-    auto* b = static_cast<const uint8_t*>(c.data_ptr());
-    for (int64_t i = 0; i < c.numel() * c.element_size(); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
 
 struct TestResult {
   double accuracy = 0, avg_loss = 0;
@@ -236,7 +227,7 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
     }
     std::fflush(stdout);
   }
-  std::printf("rank %d params %s\n", rank, checksum(*model).c_str());
+  std::printf("rank %d params %s\n", rank, chorus::torch_ext::state_checksum(*model, /*with_buffers=*/false).c_str());
   if (rank == 0) {
     nlohmann::json j = {{"epochs", a.epochs},
                         {"ranks", world},

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "chorus/version.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
   CLI::App app{"chorus-trace: merge the flight-recorder files of a job's ranks"};
   std::vector<std::string> paths;
   app.add_option("paths", paths, "trace files or directories")->required();
+  app.set_version_flag("--version", std::string("chorus-trace ") + CHORUS_VERSION);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

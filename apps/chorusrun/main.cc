@@ -5,6 +5,7 @@
 #include <iostream>
 #include <thread>
 
+#include "chorus/version.h"
 #include "run/options.h"
 #include "run/supervisor.h"
 
@@ -17,6 +18,9 @@ int main(int argc, char** argv) {
                             static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   } catch (const HelpRequested&) {
     std::cout << usage_text();
+    return 0;
+  } catch (const VersionRequested&) {
+    std::cout << "chorusrun " << CHORUS_VERSION << "\n";
     return 0;
   } catch (const UsageError& e) {
     std::cerr << "chorusrun: " << e.what() << "\n";

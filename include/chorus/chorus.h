@@ -5,4 +5,5 @@
 #include "chorus/error.h"
 #include "chorus/store.h"
 #include "chorus/types.h"
+#include "chorus/version.h"
 #include "chorus/work.h"

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "chorus/version.h"
 #include "run/cluster_env.h"
 
 namespace chorus::run {
@@ -195,6 +196,8 @@ void run_parser(CLI::App& app, std::vector<std::string> args) {
     app.parse(args);
   } catch (const CLI::CallForHelp&) {
     throw HelpRequested();
+  } catch (const CLI::CallForVersion&) {
+    throw VersionRequested();
   } catch (const CLI::ExtrasError&) {
     throw UsageError("unknown option " + app.remaining().front() +
                      " (chorusrun --help lists the options)");
@@ -223,6 +226,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
             ? app.add_flag(names)
             : app.add_option(names)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
+  app.set_version_flag("--version", CHORUS_VERSION);
   CommandLine line;
   app.add_option("program", line.program);
   app.add_option("args", line.program_args);
@@ -587,7 +591,8 @@ std::string usage_text() {
          "  PYTHON is --python; --local-rank-arg adds --local_rank=N after the last argument.\n\n"
          "options:\n";
   for (const OptionSpec& spec : kOptions) append_option_help(spec, out);
-  out << "  -h, --help\n      print this text and exit\n\n"
+  out << "  -h, --help\n      print this text and exit\n"
+         "  --version\n      print chorusrun's version and exit\n\n"
          "Each value comes from the first of: the command line; its CHORUS_RUN_ variable;\n"
          "its PET_ variable (torchrun's, for the options torchrun has); for --master-addr and\n"
          "--master-port an exported MASTER_ADDR / MASTER_PORT; the cluster's environment;\n"

@@ -34,6 +34,12 @@ class HelpRequested : public std::exception {
   const char* what() const noexcept override { return "help requested"; }
 };
 
+// --version before the program: chorusrun prints "chorusrun VERSION" and exits with 0.
+class VersionRequested : public std::exception {
+ public:
+  const char* what() const noexcept override { return "version requested"; }
+};
+
 // Which worker streams an output option applies to: torchrun's 0 (none), 1 (stdout),
 // 2 (stderr), 3 (both).
 enum class Streams : uint8_t { kNone = 0, kStdout = 1, kStderr = 2, kBoth = 3 };

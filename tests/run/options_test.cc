@@ -264,6 +264,12 @@ TEST(Options, HelpBeforeTheProgramIsRequested) {
   EXPECT_EQ(parse({"prog", "--help"}).program_args, Args{"--help"});
 }
 
+TEST(Options, VersionBeforeTheProgramIsRequested) {
+  EXPECT_THROW(parse({"--version"}), VersionRequested);
+  EXPECT_THROW(parse({"--nnodes", "2", "--version", "prog"}), VersionRequested);
+  EXPECT_EQ(parse({"prog", "--version"}).program_args, Args{"--version"});
+}
+
 TEST(Options, AutoProcessesPerNodeIsTheCpuCount) {
   EXPECT_EQ(parse({"--nproc-per-node", "auto", "prog"}, {}, 7).nproc_per_node, 7);
   EXPECT_EQ(parse({"prog"}, {{"CHORUS_RUN_NPROC_PER_NODE", "auto"}}, 3).nproc_per_node, 3);
