@@ -37,12 +37,20 @@ struct DistributedDataParallel::Impl {
   bool solo = false;
   CommHook hook = allreduce_hook;
   bool hook_registered = false;
-  // The first failure of this backward and its bucket; the
+  // The first failure of this backward (or shadowed backward) and its bucket; the
   // communicator is aborted when it is recorded.
   std::exception_ptr failure;
   std::string failure_context;
-  // What the hooks divide averages by.
+  // What the hooks divide averages by this step, and the rank buffers come from.
   int divisor = 1;
+  int buffer_root = 0;
+  // Uneven inputs (while an UnevenInputs guard lives).
+  bool uneven = false;
+  JoinOptions join_options;
+  bool joined = false;
+  bool step_sync = true;     // whether this step's backward synchronizes
+  bool some_joined = false;  // a step of this guard trained without every rank
+  int last_root = -1;        // the lowest rank of the latest step's training ranks
 };
 
 // Runs after a parameter's gradient has been accumulated into .grad.
@@ -108,7 +116,8 @@ std::string message_of(const std::exception_ptr& error) {
 CommFuture average(GradBucket& bucket, const at::Tensor& wire) {
   ProcessGroup& group = *bucket.group;
   if (bucket.divisor == group.size()) return CommFuture(group.allreduce(wire, ReduceOp::kAvg), wire);
-  // Another divisor than the group size: sum, then divide in the bucket's type.
+  // Fewer ranks than the group to average over (uneven inputs): sum, then divide in
+  // the bucket's type.
   const int divisor = bucket.divisor;
   const at::ScalarType type = bucket.buffer.scalar_type();
   return CommFuture(group.allreduce(wire, ReduceOp::kSum), wire).then([divisor, type](at::Tensor t) {
@@ -230,10 +239,55 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
 }
 
 void DistributedDataParallel::prepare_forward() {
+  if (impl_->uneven) {
+    if (impl_->joined) {
+      throw InvalidArgumentError("DistributedDataParallel on rank " + std::to_string(group_->rank()) +
+                                 ": forward after join() in the same uneven_inputs guard (a joined "
+                                 "rank has no more batches in it)");
+    }
+    exchange_join_state(false);
+  }
   if (options_.broadcast_buffers && !impl_->buffers.empty()) {
     torch::NoGradGuard no_grad;
-    broadcast_all(*group_, impl_->buffers, 0);
+    broadcast_all(*group_, impl_->buffers, impl_->buffer_root);
   }
+}
+
+// One round of the uneven-inputs protocol: every rank adds its state at its index (0
+// joined, 1 training without synchronizing, 2 training and synchronizing), so every
+// rank learns how many still train (returned), whether the step synchronizes and who
+// leads it.
+int DistributedDataParallel::exchange_join_state(bool joined) {
+  const int size = group_->size();
+  const int mine = joined ? 0 : (sync_ && torch::GradMode::is_enabled() ? 2 : 1);
+  at::Tensor states = at::zeros({size}, at::kInt);
+  states.data_ptr<int32_t>()[group_->rank()] = mine;
+  group_->allreduce(states, ReduceOp::kSum).wait();
+  const int32_t* s = states.data_ptr<int32_t>();
+  int training = 0, lowest = -1;
+  std::string syncing, not_syncing;
+  for (int r = 0; r < size; ++r) {
+    if (s[r] == 0) continue;
+    ++training;
+    if (lowest < 0) lowest = r;
+    std::string& list = s[r] == 2 ? syncing : not_syncing;
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!syncing.empty() && !not_syncing.empty()) {
+    throw InvalidArgumentError(
+        "DistributedDataParallel on rank " + std::to_string(group_->rank()) +
+        ", uneven inputs: the ranks still training disagree on no_sync in this step (ranks " +
+        syncing + " synchronize, ranks " + not_syncing +
+        " are under no_sync or without gradients); they must agree, since the joined ranks "
+        "follow them");
+  }
+  impl_->step_sync = !syncing.empty();
+  if (training == 0) return 0;  // everyone has joined
+  impl_->divisor = impl_->join_options.divide_by_initial_world_size ? size : training;
+  impl_->buffer_root = lowest;
+  impl_->last_root = lowest;
+  if (training < size) impl_->some_joined = true;
+  return training;
 }
 
 void DistributedDataParallel::start_backward() {
@@ -252,7 +306,9 @@ void DistributedDataParallel::start_backward() {
 
 void DistributedDataParallel::on_grad_ready(size_t k) {
   impl_->started = true;
-  if (!sync_) return;
+  // Inside UnevenInputs the forward decided (and told the joined ranks) whether this
+  // backward synchronizes.
+  if (!(impl_->uneven ? impl_->step_sync : sync_)) return;
   if (!impl_->in_backward) start_backward();
   if (impl_->ready[k]) return;
   impl_->ready[k] = true;
@@ -272,7 +328,8 @@ std::string DistributedDataParallel::bucket_context(size_t index) const {
   const size_t shown = std::min<size_t>(b.params.size(), 3);
   for (size_t s = 0; s < shown; ++s) names += (s ? ", " : "") + impl_->names[b.params[s]];
   if (b.params.size() > shown) names += " and " + std::to_string(b.params.size() - shown) + " more";
-  return "DistributedDataParallel on rank " + std::to_string(group_->rank()) + ": bucket " +
+  return "DistributedDataParallel on rank " + std::to_string(group_->rank()) +
+         (impl_->joined ? " (joined, shadowing the training ranks)" : "") + ": bucket " +
          std::to_string(index) + " of " + std::to_string(impl_->buckets.size()) + " (" + names + "): ";
 }
 
@@ -402,6 +459,66 @@ void DistributedDataParallel::finish_backward() {
       }
     }
   }
+  rethrow_failure();
+}
+
+DistributedDataParallel::UnevenInputs::UnevenInputs(DistributedDataParallel& ddp, JoinOptions options)
+    : ddp_(ddp) {
+  Impl& impl = *ddp.impl_;
+  if (impl.uneven) {
+    throw InvalidArgumentError("DistributedDataParallel::uneven_inputs on rank " +
+                               std::to_string(ddp.group_->rank()) + ": a guard is already active");
+  }
+  impl.uneven = true;
+  impl.join_options = options;
+  impl.joined = false;
+  impl.some_joined = false;
+  impl.last_root = -1;
+}
+
+DistributedDataParallel::UnevenInputs::~UnevenInputs() {
+  Impl& impl = *ddp_.impl_;
+  impl.uneven = false;
+  impl.joined = false;
+  impl.step_sync = true;
+  impl.divisor = ddp_.group_->size();
+  impl.buffer_root = 0;
+}
+
+void DistributedDataParallel::join() {
+  const std::string who = "DistributedDataParallel::join on rank " + std::to_string(group_->rank()) + ": ";
+  if (!impl_->uneven) {
+    throw InvalidArgumentError(who + "outside an uneven_inputs() guard (create one on every rank "
+                               "around the training loop)");
+  }
+  if (impl_->joined) throw InvalidArgumentError(who + "this rank has already joined in this guard");
+  impl_->joined = true;
+  impl_->started = true;
+  torch::NoGradGuard no_grad;
+  // One round per step of the ranks still training, until a round where none is.
+  while (exchange_join_state(true) > 0) {
+    if (options_.broadcast_buffers && !impl_->buffers.empty()) {
+      broadcast_all(*group_, impl_->buffers, impl_->buffer_root);
+    }
+    if (impl_->step_sync) shadow_backward();
+  }
+  // Joined ranks skipped optimizer steps: take the replica of a rank that trained to
+  // the end. (Every rank saw the same rounds, so all agree on whether and from whom.)
+  if (impl_->some_joined) {
+    broadcast_all(*group_, impl_->params, impl_->last_root);
+    broadcast_all(*group_, impl_->buffers, impl_->last_root);
+  }
+}
+
+// The collectives of a synchronized backward, on zero buckets: the hook of every bucket
+// in launch order, then the waits in the same order, as finish_backward does.
+void DistributedDataParallel::shadow_backward() {
+  impl_->failure = nullptr;
+  std::vector<std::optional<CommFuture>> futures(impl_->buckets.size());
+  for (size_t index = 0; index < futures.size(); ++index) {
+    futures[index] = run_hook(index, at::zeros_like(impl_->buckets[index].buffer));
+  }
+  for (size_t index = 0; index < futures.size(); ++index) wait_bucket(index, futures[index]);
   rethrow_failure();
 }
 

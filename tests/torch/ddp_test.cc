@@ -1,6 +1,6 @@
 // DistributedDataParallel with ranks as threads: replicas start equal, gradients are
 // the average over ranks, parameters stay bitwise identical, no_sync accumulates,
-// unused parameters, compression, bucket layout, communication hooks.
+// unused parameters, compression, bucket layout, communication hooks, uneven inputs.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -284,7 +284,7 @@ TEST(Ddp, BucketsFollowReverseRegistrationOrderAndCaps) {
 }
 
 // ---------------------------------------------------------------------------------
-// Communication hooks, on a model whose gradients are exact: two
+// Communication hooks and uneven inputs, on a model whose gradients are exact: two
 // linear layers side by side under a loss linear in their outputs, on integer data, so
 // every gradient is a small integer whatever the weights, sums over ranks are exact in
 // any order, and a reference computed here with the same float operations (a sum, one
@@ -535,6 +535,129 @@ TEST(Ddp, FailingCommHooksFailBackwardOnEveryRankNamingTheBucket) {
     EXPECT_TRUE(test::contains(errors[1], "a.bias")) << errors[1];  // bucket 2's parameter
     for (int r : {0, 2}) EXPECT_TRUE(test::contains(errors[r], "bucket")) << "rank " << r << ": " << errors[r];
   }
+}
+
+// The reference for uneven inputs: `batches[r]` steps on rank r, SGD with momentum on
+// the sum over the ranks still training of their gradients, divided as asked (0: by
+// nothing, for the summing hook).
+std::vector<torch::Tensor> uneven_reference(const std::vector<int>& batches, int divisor_mode,
+                                            int micro = 1) {
+  const int size = static_cast<int>(batches.size());
+  ExactNet net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.25).momentum(0.5));
+  int steps = *std::max_element(batches.begin(), batches.end());
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int> active;
+    for (int r = 0; r < size; ++r) if (batches[r] > s) active.push_back(r);
+    std::vector<torch::Tensor> sum = summed_gradients(active, micro * s);
+    for (int m = 1; m < micro; ++m) {
+      auto more = summed_gradients(active, micro * s + m);
+      for (size_t k = 0; k < sum.size(); ++k) sum[k] = sum[k] + more[k];
+    }
+    auto params = net->parameters();
+    for (size_t k = 0; k < params.size(); ++k) {
+      int d = divisor_mode == 0 ? 1 : divisor_mode == 1 ? size : static_cast<int>(active.size());
+      params[k].mutable_grad() = d == 1 ? sum[k] : sum[k] / d;
+    }
+    opt.step();
+  }
+  return snapshot(*net);
+}
+
+// Trains ExactNet on `batches[rank]` steps of `micro` micro-batches (all but the last
+// under no_sync) inside UnevenInputs, then joins. Checks every rank ends with the
+// reference's parameters bit for bit and the buffer of the longest-training rank.
+void check_uneven(const std::vector<int>& batches, int divisor_mode, int micro = 1) {
+  SCOPED_TRACE("divisor mode " + std::to_string(divisor_mode) + ", micro-batches " + std::to_string(micro));
+  const int size = static_cast<int>(batches.size());
+  std::vector<torch::Tensor> expected = uneven_reference(batches, divisor_mode, micro);
+  std::vector<std::vector<torch::Tensor>> final(size);
+  std::vector<torch::Tensor> steps(size);
+  on_ranks(size, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    ExactNet net;
+    DistributedDataParallel ddp(net.ptr(), group, exact_options());
+    if (divisor_mode == 0) ddp.register_comm_hook(sum_hook);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.25).momentum(0.5));
+    {
+      auto guard = ddp.uneven_inputs({.divide_by_initial_world_size = divisor_mode == 1});
+      for (int s = 0; s < batches[rank]; ++s) {
+        opt.zero_grad();
+        for (int m = 0; m < micro; ++m) {
+          ExactBatch b = exact_batch(rank, micro * s + m);
+          if (m + 1 < micro) {
+            auto no_sync = ddp.no_sync();
+            exact_loss(ddp.forward(net, b.x), b).backward();
+          } else {
+            exact_loss(ddp.forward(net, b.x), b).backward();
+          }
+        }
+        opt.step();
+      }
+      ddp.join();
+    }
+    final[rank] = snapshot(*net);
+    steps[rank] = net->steps.clone();
+  });
+  int longest = *std::max_element(batches.begin(), batches.end());
+  for (int r = 0; r < size; ++r) {
+    ASSERT_EQ(final[r].size(), expected.size());
+    for (size_t k = 0; k < expected.size(); ++k) {
+      EXPECT_TRUE(torch::equal(final[r][k], expected[k]))
+          << "rank " << r << " parameter " << k << ":\n" << final[r][k] << "\nexpected\n" << expected[k];
+    }
+    // Buffers came from a rank still training each step, and from the last at the end.
+    EXPECT_EQ(steps[r].item<float>(), static_cast<float>(longest * micro)) << "rank " << r;
+  }
+}
+
+TEST(Ddp, JoinThreeRanksWithUnevenBatches) {
+  for (int mode : {1, 2, 0}) check_uneven({2, 5, 3}, mode);
+}
+
+TEST(Ddp, JoinTwoRanksOneWithoutBatches) {
+  for (int mode : {1, 2, 0}) check_uneven({0, 4}, mode);
+  check_uneven({3, 3}, 2);  // nobody joins early
+  check_uneven({0, 0}, 1);  // nobody trains
+}
+
+TEST(Ddp, JoinWithNoSyncAccumulatesOnTheTrainingRanks) {
+  for (int mode : {1, 2}) check_uneven({4, 2, 3}, mode, /*micro=*/2);
+}
+
+TEST(Ddp, JoinRefusesMisuse) {
+  // Training ranks of one step that disagree on no_sync: every rank is told.
+  std::vector<std::string> errors(3);
+  on_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    ExactNet net;
+    DistributedDataParallel ddp(net.ptr(), group, exact_options());
+    auto guard = ddp.uneven_inputs();
+    ExactBatch b = exact_batch(rank, 0);
+    errors[rank] = test::error_of<InvalidArgumentError>([&] {
+      if (rank == 0) {
+        ddp.join();
+      } else if (rank == 1) {
+        auto no_sync = ddp.no_sync();
+        exact_loss(ddp.forward(net, b.x), b).backward();
+      } else {
+        exact_loss(ddp.forward(net, b.x), b).backward();
+      }
+    });
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(test::contains(errors[r], "no_sync")) << "rank " << r << ": " << errors[r];
+
+  on_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    ExactNet net;
+    DistributedDataParallel ddp(net.ptr(), group, exact_options());
+    std::string outside = test::error_of<InvalidArgumentError>([&] { ddp.join(); });
+    EXPECT_TRUE(test::contains(outside, "uneven_inputs")) << outside;
+    auto guard = ddp.uneven_inputs();
+    ddp.join();
+    std::string twice = test::error_of<InvalidArgumentError>([&] { ddp.join(); });
+    EXPECT_TRUE(test::contains(twice, "already joined")) << twice;
+    ExactBatch b = exact_batch(rank, 0);
+    std::string after = test::error_of<InvalidArgumentError>([&] { ddp.forward(net, b.x); });
+    EXPECT_TRUE(test::contains(after, "joined")) << after;
+  });
 }
 
 TEST(ProcessGroupTest, CollectivesOverTensors) {

@@ -17,6 +17,10 @@
 // bucket is allreduced and averaged; DdpOptions::compression and the hooks below are
 // other choices, and any callable over a GradBucket can be one.
 //
+// Uneven inputs: ranks with fewer batches than others call join() inside an
+// UnevenInputs guard, and shadow the collectives of the ranks still training until all
+// have run out (see UnevenInputs).
+//
 // Threading: one thread trains a replica (calls forward and backward). Errors during
 // the allreduce (a dead peer, a timeout) are rethrown from backward().
 #pragma once
@@ -41,14 +45,15 @@ struct GradBucket {
   size_t index = 0;      // launch order: 0 is the first bucket allreduced
   bool is_last = false;  // the last bucket of the backward pass
   // This rank's gradients of the bucket's parameters, flat and contiguous, one after
-  // the other. The hook may change it.
+  // the other (a joined rank's are zeros: see UnevenInputs). The hook may change it.
   at::Tensor buffer;
   // The bucket's parameters (indices in registration order, as bucket_layout() gives
   // them), and where each one's gradient starts in `buffer`, in elements.
   std::span<const size_t> parameter_indices;
   std::span<const at::Tensor> parameters;
   std::span<const int64_t> offsets;
-  // What an average divides the sum by: the group size.
+  // What an average divides the sum by: the group size, or under UnevenInputs with
+  // divide_by_initial_world_size = false, the number of ranks still training this step.
   int divisor = 1;
   ProcessGroup* group = nullptr;
 };
@@ -99,6 +104,14 @@ CommFuture allreduce_hook(GradBucket& bucket);
 // copied back into the bucket: DdpOptions::compression's kFloat16 / kBFloat16.
 CommFuture fp16_compress_hook(GradBucket& bucket);
 CommFuture bf16_compress_hook(GradBucket& bucket);
+
+// UnevenInputs' options.
+struct JoinOptions {
+  // true: averages divide by the group size however many ranks still train (joined
+  // ranks count as zero gradients), as torch's default. false: by the number of ranks
+  // still training that step.
+  bool divide_by_initial_world_size = true;
+};
 
 struct DdpOptions {
   double bucket_cap_mb = 25;
@@ -155,6 +168,48 @@ class DistributedDataParallel {
   // InvalidArgumentError.
   void register_comm_hook(CommHook hook);
 
+  // Uneven inputs, as torch's Join. Every rank creates the guard at the same point (it
+  // sends nothing), trains on however many batches it has, then calls join():
+  //
+  //   {
+  //     auto uneven = ddp.uneven_inputs();
+  //     for (auto& batch : my_batches) { /* forward, backward, step */ }
+  //     ddp.join();
+  //   }
+  //
+  // Protocol: while the guard lives, each forward first allreduces one small state per
+  // rank (training and synchronizing, training under no_sync or without gradients, or
+  // joined), so every rank learns what the step will do. join() answers those rounds for
+  // a rank that is out of batches: each step it takes part in the buffer broadcast
+  // (broadcast_buffers) and, when the step synchronizes, runs the hook on zero buckets,
+  // in the same order as the training ranks, so their sums see zeros from it. The first
+  // round in which no rank trains ends join() on every rank; then, when some rank had
+  // joined early, the parameters and buffers of the lowest rank that trained to the end
+  // are broadcast to all, so the replicas end bitwise equal (a joined rank's optimizer
+  // state, momentum for one, stays as it was when it joined).
+  //
+  // Contracts: buffers are broadcast from the lowest rank still training, not rank 0.
+  // Whether a backward synchronizes is fixed at its forward: no_sync must cover the
+  // forward (as in torch), and the training ranks of a step must agree on it (every
+  // rank throws InvalidArgumentError otherwise). Every forward with gradients enabled
+  // must be followed by its backward, and a rank that has joined makes no more forward
+  // passes in the guard (InvalidArgumentError). Every wait has the communicator's
+  // deadline: a rank that never calls join() fails the others with a timeout.
+  class UnevenInputs {
+   public:
+    UnevenInputs(DistributedDataParallel& ddp, JoinOptions options);
+    ~UnevenInputs();
+    UnevenInputs(const UnevenInputs&) = delete;
+    UnevenInputs& operator=(const UnevenInputs&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+  UnevenInputs uneven_inputs(JoinOptions options = {}) { return UnevenInputs(*this, options); }
+  // Inside UnevenInputs, once this rank has no more batches: see above. Throws
+  // InvalidArgumentError outside the guard or when called twice in it.
+  void join();
+
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
   ProcessGroup& group() { return *group_; }
   // Parameter indices (registration order) of each bucket, in launch order.
@@ -174,6 +229,9 @@ class DistributedDataParallel {
   void fail_bucket(size_t index, const std::string& what, std::exception_ptr error);
   std::string bucket_context(size_t index) const;
   void rethrow_failure();
+  // Uneven inputs.
+  int exchange_join_state(bool joined);
+  void shadow_backward();
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
