@@ -1,9 +1,10 @@
 // DistributedDataParallel with ranks as threads: replicas start equal, gradients are
 // the average over ranks, parameters stay bitwise identical, no_sync accumulates,
-// unused parameters, compression, bucket layout.
+// unused parameters, compression, bucket layout, communication hooks, uneven inputs.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <numeric>
 #include <thread>
 
 #include "chorus/chorus.h"
@@ -279,6 +280,383 @@ TEST(Ddp, BucketsFollowReverseRegistrationOrderAndCaps) {
     std::vector<size_t> order;
     for (auto& b : layout) order.insert(order.end(), b.begin(), b.end());
     EXPECT_EQ(order, std::vector<size_t>({7, 6, 5, 4, 3, 2, 1, 0}));
+  });
+}
+
+// ---------------------------------------------------------------------------------
+// Communication hooks and uneven inputs, on a model whose gradients are exact: two
+// linear layers side by side under a loss linear in their outputs, on integer data, so
+// every gradient is a small integer whatever the weights, sums over ranks are exact in
+// any order, and a reference computed here with the same float operations (a sum, one
+// division, the SGD step) agrees bit for bit. A buffer counts the forward passes.
+
+struct ExactNetImpl : torch::nn::Module {
+  ExactNetImpl() {
+    a = register_module("a", torch::nn::Linear(4, 3));
+    b = register_module("b", torch::nn::Linear(4, 2));
+    steps = register_buffer("steps", torch::zeros({1}));
+    // The same weights everywhere (the reference builds its own net), eighths.
+    torch::NoGradGuard no_grad;
+    double v = 0;
+    for (auto& p : parameters()) {
+      p.copy_((torch::arange(p.numel()).reshape(p.sizes()) + v) * 0.125 - 1);
+      v += 3;
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    steps.add_(1);
+    return torch::cat({a(x), b(x)}, 1);
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  torch::Tensor steps;
+};
+TORCH_MODULE(ExactNet);
+
+struct ExactBatch {
+  torch::Tensor x, y;
+};
+
+// Integer-valued data of `rank` for `step`, from a private generator.
+ExactBatch exact_batch(int rank, int step) {
+  at::Generator gen = at::detail::createCPUGenerator(7919 * step + 31 * rank + 5);
+  return {torch::randint(-3, 4, {6, 4}, gen, torch::kFloat), torch::randint(-3, 4, {6, 5}, gen, torch::kFloat)};
+}
+
+torch::Tensor exact_loss(const torch::Tensor& out, const ExactBatch& b) { return (out * b.y).sum(); }
+
+// One bucket per parameter: a.weight, a.bias, b.weight, b.bias launch as buckets 3..0.
+DdpOptions exact_options() {
+  DdpOptions o;
+  o.first_bucket_mb = 0;
+  o.bucket_cap_mb = 0;
+  return o;
+}
+
+// The gradient `rank` computes alone for `step` (registration order).
+std::vector<torch::Tensor> local_gradients(int rank, int step) {
+  ExactNet net;
+  exact_loss(net->forward(exact_batch(rank, step).x), exact_batch(rank, step)).backward();
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.grad().clone());
+  return out;
+}
+
+// The sum over `ranks` of their gradients for `step`.
+std::vector<torch::Tensor> summed_gradients(const std::vector<int>& ranks, int step) {
+  std::vector<torch::Tensor> sum;
+  for (int r : ranks) {
+    auto g = local_gradients(r, step);
+    if (sum.empty()) sum = g;
+    else for (size_t k = 0; k < g.size(); ++k) sum[k] = sum[k] + g[k];
+  }
+  return sum;
+}
+
+std::vector<int> all_ranks(int size) {
+  std::vector<int> r(size);
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+// A hook that sums instead of averaging.
+CommFuture sum_hook(GradBucket& bucket) {
+  return CommFuture(bucket.group->allreduce(bucket.buffer, ReduceOp::kSum), bucket.buffer);
+}
+
+// Sums, then scales by 1/4 itself (exact for integers): the then() path.
+CommFuture quarter_sum_hook(GradBucket& bucket) {
+  return CommFuture(bucket.group->allreduce(bucket.buffer, ReduceOp::kSum), bucket.buffer)
+      .then([](at::Tensor t) { return t * 0.25; });
+}
+
+// Each rank keeps its own gradients: no communication at all.
+CommFuture local_hook(GradBucket& bucket) { return CommFuture(bucket.buffer); }
+
+TEST(Ddp, CustomCommHooksGiveExactGradientsAndSeeTheirBuckets) {
+  struct Case {
+    const char* name;
+    CommHook hook;
+    double scale;  // of the sum over ranks; 0: each rank's own gradients
+  };
+  std::vector<Case> cases = {{"sum", sum_hook, 1.0}, {"quarter sum", quarter_sum_hook, 0.25},
+                             {"local", local_hook, 0.0}};
+  for (int size : {2, 3}) {
+    std::vector<torch::Tensor> sum = summed_gradients(all_ranks(size), 0);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.name) + " on " + std::to_string(size) + " ranks");
+      on_ranks(size, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+        ExactNet net;
+        DistributedDataParallel ddp(net.ptr(), group, exact_options());
+        std::vector<size_t> seen_index;
+        std::vector<std::vector<size_t>> seen_params;
+        std::vector<bool> seen_last;
+        ddp.register_comm_hook([&](GradBucket& bucket) {
+          seen_index.push_back(bucket.index);
+          seen_params.emplace_back(bucket.parameter_indices.begin(), bucket.parameter_indices.end());
+          seen_last.push_back(bucket.is_last);
+          EXPECT_EQ(bucket.divisor, size);
+          EXPECT_EQ(bucket.group, &ddp.group());
+          EXPECT_EQ(bucket.parameters.size(), bucket.parameter_indices.size());
+          EXPECT_EQ(bucket.offsets.size(), bucket.parameter_indices.size());
+          EXPECT_EQ(bucket.buffer.numel(), bucket.parameters[0].numel());
+          return c.hook(bucket);
+        });
+        ExactBatch b = exact_batch(rank, 0);
+        exact_loss(ddp.forward(net, b.x), b).backward();
+        EXPECT_EQ(seen_index, std::vector<size_t>({0, 1, 2, 3}));
+        EXPECT_EQ(seen_last, std::vector<bool>({false, false, false, true}));
+        EXPECT_EQ(seen_params, ddp.bucket_layout());
+        std::vector<torch::Tensor> own = local_gradients(rank, 0);
+        auto params = net->parameters();
+        for (size_t k = 0; k < params.size(); ++k) {
+          torch::Tensor expected = c.scale == 0 ? own[k] : sum[k] * c.scale;
+          EXPECT_TRUE(torch::equal(params[k].grad(), expected))
+              << "rank " << rank << " parameter " << k << ": " << params[k].grad() << " vs " << expected;
+        }
+      });
+    }
+  }
+}
+
+// allreduce_hook and the compression hooks are what the options do, bit for bit.
+TEST(Ddp, ReadyMadeHooksMatchTheOptions) {
+  struct Case {
+    Compression option;
+    CommHook hook;
+  };
+  for (const Case& c : {Case{Compression::kNone, allreduce_hook},
+                        Case{Compression::kFloat16, fp16_compress_hook},
+                        Case{Compression::kBFloat16, bf16_compress_hook}}) {
+    std::vector<std::vector<torch::Tensor>> grads[2];
+    for (int registered = 0; registered < 2; ++registered) {
+      grads[registered].resize(3);
+      on_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+        Mlp model = seeded_mlp(11);
+        DdpOptions o;
+        o.find_unused_parameters = true;
+        o.first_bucket_mb = 0.001;
+        if (!registered) o.compression = c.option;
+        DistributedDataParallel ddp(model.ptr(), group, o);
+        if (registered) ddp.register_comm_hook(c.hook);
+        ddp.forward(model, batch_for(rank, 0)).pow(2).mean().backward();
+        for (auto& p : model->parameters()) grads[registered][rank].push_back(p.grad().clone());
+      });
+    }
+    for (int r = 0; r < 3; ++r) {
+      for (size_t k = 0; k < grads[0][r].size(); ++k) {
+        EXPECT_TRUE(torch::equal(grads[0][r][k], grads[1][r][k]))
+            << "compression " << static_cast<int>(c.option) << " rank " << r << " parameter " << k;
+      }
+    }
+  }
+}
+
+TEST(Ddp, RegisterCommHookOnlyOnceBeforeTraining) {
+  on_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    {
+      ExactNet net;
+      DistributedDataParallel ddp(net.ptr(), group, exact_options());
+      EXPECT_TRUE(test::contains(test::error_of<InvalidArgumentError>([&] { ddp.register_comm_hook(nullptr); }),
+                                 "empty"));
+      ddp.register_comm_hook(sum_hook);
+      std::string twice = test::error_of<InvalidArgumentError>([&] { ddp.register_comm_hook(sum_hook); });
+      EXPECT_TRUE(test::contains(twice, "already registered")) << twice;
+    }
+    {
+      ExactNet net;
+      DistributedDataParallel ddp(net.ptr(), group, exact_options());
+      ExactBatch b = exact_batch(rank, 0);
+      exact_loss(ddp.forward(net, b.x), b).backward();
+      std::string late = test::error_of<InvalidArgumentError>([&] { ddp.register_comm_hook(sum_hook); });
+      EXPECT_TRUE(test::contains(late, "before the first backward")) << late;
+    }
+    {
+      ExactNet net;
+      DdpOptions o = exact_options();
+      o.compression = Compression::kFloat16;
+      DistributedDataParallel ddp(net.ptr(), group, o);
+      std::string both = test::error_of<InvalidArgumentError>([&] { ddp.register_comm_hook(sum_hook); });
+      EXPECT_TRUE(test::contains(both, "compression")) << both;
+    }
+  });
+}
+
+// A hook that throws on one rank, a hook whose Work fails (a collective the ranks
+// disagree on) and a result of the wrong size: backward() throws on every rank, naming
+// the bucket where it happened, and no rank hangs.
+TEST(Ddp, FailingCommHooksFailBackwardOnEveryRankNamingTheBucket) {
+  struct Case {
+    const char* name;
+    std::function<CommFuture(int rank, GradBucket&)> hook;
+    std::string on_culprit;  // expected in the message of rank 1
+  };
+  std::vector<Case> cases = {
+      {"throws",
+       [](int rank, GradBucket& b) {
+         if (rank == 1 && b.index == 2) throw std::runtime_error("hook refused");
+         return allreduce_hook(b);
+       },
+       "hook refused"},
+      {"work fails",
+       [](int rank, GradBucket& b) {
+         at::Tensor t = rank == 1 && b.index == 2 ? b.buffer.narrow(0, 0, 1) : b.buffer;
+         return CommFuture(b.group->allreduce(t, ReduceOp::kSum), b.buffer);
+       },
+       "allreduce"},
+      {"wrong size",
+       [](int rank, GradBucket& b) {
+         CommFuture f = allreduce_hook(b);
+         if (rank == 1 && b.index == 2) return f.then([](at::Tensor t) { return t.narrow(0, 0, 1); });
+         return f;
+       },
+       "elements"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> errors(3);
+    try {
+      on_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+        ExactNet net;
+        DistributedDataParallel ddp(net.ptr(), group, exact_options());
+        ddp.register_comm_hook([&](GradBucket& b) { return c.hook(rank, b); });
+        // Two steps: a rank whose own part succeeded learns of the failure at its next
+        // collective (from the culprit's abort, whose reason names the bucket).
+        errors[rank] = test::error_of<Error>([&] {
+          for (int step = 0; step < 2; ++step) {
+            ExactBatch b = exact_batch(rank, step);
+            exact_loss(ddp.forward(net, b.x), b).backward();
+          }
+        });
+      });
+    } catch (const test::RankFailure&) {
+    }
+    EXPECT_TRUE(test::contains(errors[1], "bucket 2")) << errors[1];
+    EXPECT_TRUE(test::contains(errors[1], c.on_culprit)) << errors[1];
+    EXPECT_TRUE(test::contains(errors[1], "a.bias")) << errors[1];  // bucket 2's parameter
+    for (int r : {0, 2}) EXPECT_TRUE(test::contains(errors[r], "bucket")) << "rank " << r << ": " << errors[r];
+  }
+}
+
+// The reference for uneven inputs: `batches[r]` steps on rank r, SGD with momentum on
+// the sum over the ranks still training of their gradients, divided as asked (0: by
+// nothing, for the summing hook).
+std::vector<torch::Tensor> uneven_reference(const std::vector<int>& batches, int divisor_mode,
+                                            int micro = 1) {
+  const int size = static_cast<int>(batches.size());
+  ExactNet net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.25).momentum(0.5));
+  int steps = *std::max_element(batches.begin(), batches.end());
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int> active;
+    for (int r = 0; r < size; ++r) if (batches[r] > s) active.push_back(r);
+    std::vector<torch::Tensor> sum = summed_gradients(active, micro * s);
+    for (int m = 1; m < micro; ++m) {
+      auto more = summed_gradients(active, micro * s + m);
+      for (size_t k = 0; k < sum.size(); ++k) sum[k] = sum[k] + more[k];
+    }
+    auto params = net->parameters();
+    for (size_t k = 0; k < params.size(); ++k) {
+      int d = divisor_mode == 0 ? 1 : divisor_mode == 1 ? size : static_cast<int>(active.size());
+      params[k].mutable_grad() = d == 1 ? sum[k] : sum[k] / d;
+    }
+    opt.step();
+  }
+  return snapshot(*net);
+}
+
+// Trains ExactNet on `batches[rank]` steps of `micro` micro-batches (all but the last
+// under no_sync) inside UnevenInputs, then joins. Checks every rank ends with the
+// reference's parameters bit for bit and the buffer of the longest-training rank.
+void check_uneven(const std::vector<int>& batches, int divisor_mode, int micro = 1) {
+  SCOPED_TRACE("divisor mode " + std::to_string(divisor_mode) + ", micro-batches " + std::to_string(micro));
+  const int size = static_cast<int>(batches.size());
+  std::vector<torch::Tensor> expected = uneven_reference(batches, divisor_mode, micro);
+  std::vector<std::vector<torch::Tensor>> final(size);
+  std::vector<torch::Tensor> steps(size);
+  on_ranks(size, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    ExactNet net;
+    DistributedDataParallel ddp(net.ptr(), group, exact_options());
+    if (divisor_mode == 0) ddp.register_comm_hook(sum_hook);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.25).momentum(0.5));
+    {
+      auto guard = ddp.uneven_inputs({.divide_by_initial_world_size = divisor_mode == 1});
+      for (int s = 0; s < batches[rank]; ++s) {
+        opt.zero_grad();
+        for (int m = 0; m < micro; ++m) {
+          ExactBatch b = exact_batch(rank, micro * s + m);
+          if (m + 1 < micro) {
+            auto no_sync = ddp.no_sync();
+            exact_loss(ddp.forward(net, b.x), b).backward();
+          } else {
+            exact_loss(ddp.forward(net, b.x), b).backward();
+          }
+        }
+        opt.step();
+      }
+      ddp.join();
+    }
+    final[rank] = snapshot(*net);
+    steps[rank] = net->steps.clone();
+  });
+  int longest = *std::max_element(batches.begin(), batches.end());
+  for (int r = 0; r < size; ++r) {
+    ASSERT_EQ(final[r].size(), expected.size());
+    for (size_t k = 0; k < expected.size(); ++k) {
+      EXPECT_TRUE(torch::equal(final[r][k], expected[k]))
+          << "rank " << r << " parameter " << k << ":\n" << final[r][k] << "\nexpected\n" << expected[k];
+    }
+    // Buffers came from a rank still training each step, and from the last at the end.
+    EXPECT_EQ(steps[r].item<float>(), static_cast<float>(longest * micro)) << "rank " << r;
+  }
+}
+
+TEST(Ddp, JoinThreeRanksWithUnevenBatches) {
+  for (int mode : {1, 2, 0}) check_uneven({2, 5, 3}, mode);
+}
+
+TEST(Ddp, JoinTwoRanksOneWithoutBatches) {
+  for (int mode : {1, 2, 0}) check_uneven({0, 4}, mode);
+  check_uneven({3, 3}, 2);  // nobody joins early
+  check_uneven({0, 0}, 1);  // nobody trains
+}
+
+TEST(Ddp, JoinWithNoSyncAccumulatesOnTheTrainingRanks) {
+  for (int mode : {1, 2}) check_uneven({4, 2, 3}, mode, /*micro=*/2);
+}
+
+TEST(Ddp, JoinRefusesMisuse) {
+  // Training ranks of one step that disagree on no_sync: every rank is told.
+  std::vector<std::string> errors(3);
+  on_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    ExactNet net;
+    DistributedDataParallel ddp(net.ptr(), group, exact_options());
+    auto guard = ddp.uneven_inputs();
+    ExactBatch b = exact_batch(rank, 0);
+    errors[rank] = test::error_of<InvalidArgumentError>([&] {
+      if (rank == 0) {
+        ddp.join();
+      } else if (rank == 1) {
+        auto no_sync = ddp.no_sync();
+        exact_loss(ddp.forward(net, b.x), b).backward();
+      } else {
+        exact_loss(ddp.forward(net, b.x), b).backward();
+      }
+    });
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(test::contains(errors[r], "no_sync")) << "rank " << r << ": " << errors[r];
+
+  on_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    ExactNet net;
+    DistributedDataParallel ddp(net.ptr(), group, exact_options());
+    std::string outside = test::error_of<InvalidArgumentError>([&] { ddp.join(); });
+    EXPECT_TRUE(test::contains(outside, "uneven_inputs")) << outside;
+    auto guard = ddp.uneven_inputs();
+    ddp.join();
+    std::string twice = test::error_of<InvalidArgumentError>([&] { ddp.join(); });
+    EXPECT_TRUE(test::contains(twice, "already joined")) << twice;
+    ExactBatch b = exact_batch(rank, 0);
+    std::string after = test::error_of<InvalidArgumentError>([&] { ddp.forward(net, b.x); });
+    EXPECT_TRUE(test::contains(after, "joined")) << after;
   });
 }
 
