@@ -36,7 +36,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 names=(chorus chorus-dev python3-chorus)
 for n in "${names[@]}"; do
-  if dpkg-query -W -f='${Status}' "$n" 2>/dev/null | grep -q "install ok installed"; then
+  if [ "$(dpkg-query -W -f='${Status}' "$n" 2>/dev/null || true)" = "install ok installed" ]; then
     echo "package.sh: $n is installed already; remove it first (apt-get remove ${names[*]})" >&2
     exit 1
   fi

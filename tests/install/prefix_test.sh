@@ -57,9 +57,12 @@ for lib in comm comm_static; do
     { cat "$work/cfg.log"; fail "examples/allreduce (chorus::$lib) did not configure against the prefix"; }
   cmake --build "$work/ex-$lib/build" >"$work/bld.log" 2>&1 || { cat "$work/bld.log"; fail "examples/allreduce (chorus::$lib) did not build"; }
   out="$(run_ranks 3 "$work/ex-$lib/build/allreduce" 1001 2>&1)" || { echo "$out"; fail "examples/allreduce (chorus::$lib) failed"; }
-  echo "$out" | grep -q "rank 2 of 3: allreduce of 1001 doubles, 0 wrong (chorus $version)" || { echo "$out"; fail "examples/allreduce (chorus::$lib): unexpected output"; }
+  grep -q "rank 2 of 3: allreduce of 1001 doubles, 0 wrong (chorus $version)" <<<"$out" || { echo "$out"; fail "examples/allreduce (chorus::$lib): unexpected output"; }
   if [ "$lib" = comm ]; then
-    ldd "$work/ex-$lib/build/allreduce" | grep -q "libchorus_comm.so.$minor => $prefix/" || fail "the example does not load the prefix's libchorus_comm.so.$minor"
+    # Not `ldd | grep -q`: grep stops reading at the match, and under pipefail ldd's
+    # SIGPIPE then fails the check (it did in CI).
+    libs="$(ldd "$work/ex-$lib/build/allreduce")"
+    grep -q "libchorus_comm.so.$minor => $prefix/" <<<"$libs" || fail "the example does not load the prefix's libchorus_comm.so.$minor"
   fi
 done
 echo "prefix_test: examples/allreduce with chorus::comm and chorus::comm_static, 3 ranks: ok"
@@ -70,7 +73,7 @@ export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
 g++ -O1 -o "$work/pc-allreduce" "$src/examples/allreduce/main.cc" $(pkg-config --cflags --libs chorus) \
     -Wl,-rpath,"$prefix/$libdir" || fail "compiling with pkg-config's flags failed"
 out="$(run_ranks 2 "$work/pc-allreduce" 7 2>&1)" || { echo "$out"; fail "the pkg-config build failed"; }
-echo "$out" | grep -q "rank 1 of 2: allreduce of 7 doubles, 0 wrong" || { echo "$out"; fail "pkg-config build: unexpected output"; }
+grep -q "rank 1 of 2: allreduce of 7 doubles, 0 wrong" <<<"$out" || { echo "$out"; fail "pkg-config build: unexpected output"; }
 echo "prefix_test: pkg-config build, 2 ranks: ok"
 
 # every_rank_agrees LOG RANKS WORD: RANKS lines "rank R ... WORD HEX", one HEX.
