@@ -36,7 +36,7 @@ using test::Subprocess;
 
 const std::string kWorker = std::string(CHORUS_BIN_DIR) + "/chorus_test_worker";
 
-// Failure detection deadline for a killed peer (shared/DESIGN.md: "within seconds for
+// Failure detection deadline for a killed peer (docs/design.md: "within seconds for
 // a dead process").
 constexpr seconds kDetectionDeadline{5};
 
