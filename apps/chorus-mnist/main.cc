@@ -12,9 +12,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "chorus/error.h"
 #include "chorus/torch/checkpoint.h"
@@ -219,8 +221,13 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
   TestResult last;
   const auto wall_start = Clock::now();
   auto since_start = [&] { return std::chrono::duration<double>(Clock::now() - wall_start).count(); };
-  // Rank 0 on a terminal: a progress bar instead of the plain lines.
-  const bool bar = rank == 0 && ::isatty(STDOUT_FILENO) == 1;
+  // Rank 0 on a terminal: a progress bar instead of the plain lines. Under chorusrun,
+  // stdout is a pipe to the launcher, which says whether its own stdout is a terminal
+  // (CHORUS_STDOUT_TERMINAL) and redraws lines ended by '\r' in place there.
+  const bool own_terminal = ::isatty(STDOUT_FILENO) == 1;
+  const char* launcher_terminal = std::getenv("CHORUS_STDOUT_TERMINAL");
+  const bool bar = rank == 0 && (own_terminal || (launcher_terminal != nullptr &&
+                                                  std::string(launcher_terminal) == "1"));
   const int64_t steps_per_epoch = sampler.num_samples() / batch;
   // What the next metrics line averages over.
   struct Interval {
@@ -300,8 +307,9 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
       ++i;
       if (bar) {
         const auto now = Clock::now();
-        // Redrawn at most 10 times a second, and at the epoch's last step.
-        if (now - last_drawn >= std::chrono::milliseconds(100) || i >= steps_per_epoch) {
+        // Redrawn at most 10 times a second, and at the epoch's (or the run's) last step.
+        const bool last = i >= steps_per_epoch || (a.max_steps > 0 && state.step >= a.max_steps);
+        if (now - last_drawn >= std::chrono::milliseconds(100) || last) {
           last_drawn = now;
           const double elapsed = std::chrono::duration<double>(now - epoch_start).count();
           const int64_t done = i - first_i;
@@ -315,7 +323,9 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
           p.loss = loss.item<double>();
           p.samples_per_second = elapsed > 0 ? done * b->size() * world / elapsed : 0;
           p.eta_seconds = done > 0 ? elapsed / done * std::max<int64_t>(left, 0) : -1;
-          std::printf("\r%s\x1b[K", chorus::mnist::render_progress(p).c_str());
+          // The line ended by '\r' (a status line to chorusrun); on a terminal of its
+          // own, the rest of a longer previous line is cleared too.
+          std::printf("%s%s\r", chorus::mnist::render_progress(p).c_str(), own_terminal ? "\x1b[K" : "");
           std::fflush(stdout);
         }
       }

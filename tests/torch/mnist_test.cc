@@ -23,6 +23,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using chorus::test::Subprocess;
+using chorus::test::SpawnOptions;
 
 const std::string kRun = std::string(CHORUS_BIN_DIR) + "/chorusrun";
 const std::string kMnist = std::string(CHORUS_BIN_DIR) + "/chorus-mnist";
@@ -428,6 +429,32 @@ TEST(ChorusMnist, MetricsFileHasAJsonLinePerLogIntervalAndEpoch) {
   EXPECT_TRUE(contains(failed->stderr_text(), "cannot write the --metrics file " + bad))
       << failed->output_text();
   EXPECT_FALSE(contains(failed->stdout_text(), "curr epoch")) << failed->output_text();
+}
+
+// Rank 0 draws a progress bar when told its console is a terminal (chorusrun sets
+// CHORUS_STDOUT_TERMINAL=1; here the program runs alone on a pipe): status lines ended
+// by '\r' instead of the "curr epoch" and "loss:" lines, one finished bar per epoch,
+// and the test lines as before.
+TEST(ChorusMnist, ProgressBarInsteadOfPlainLinesOnATerminal) {
+  std::string data = make_tiny_dataset(1024, 256);
+  SpawnOptions o;
+  o.args = {"--data-dir", data, "--dataset", "mnist", "--epochs", "2", "--batch-size", "128"};
+  o.env = {{"CHORUS_STDOUT_TERMINAL", "1"}};
+  o.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  Subprocess run(kMnist, o);
+  ASSERT_TRUE(run.wait_for(300s)) << run.output_text();
+  ASSERT_EQ(run.exit_code(), 0) << run.output_text();
+  const std::string out = run.stdout_text();
+  EXPECT_FALSE(contains(out, "curr epoch")) << out;
+  EXPECT_FALSE(std::regex_search(out, std::regex("(^|\n)loss: "))) << out;
+  // 1024 samples, batch 128: 8 steps an epoch; each epoch's bar ends full, then '\n'.
+  EXPECT_TRUE(contains(out, "epoch 1/2 [####################] 8/8 loss ")) << out;
+  EXPECT_TRUE(contains(out, "epoch 2/2 [####################] 8/8 loss ")) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("epoch 2/2 \\[#+\\] 8/8 loss [0-9.]+ +[0-9]+ samples/s ETA 0:00\r\n")))
+      << out;
+  EXPECT_FALSE(contains(out, "\x1b")) << "escape codes are the launcher's to add on a pipe: " << out;
+  EXPECT_TRUE(contains(out, "Accuracy: ")) << out;
+  EXPECT_TRUE(contains(out, "rank 0 params ")) << out;
 }
 
 TEST(ChorusMnist, BadArgumentsAndDataAreNamed) {
