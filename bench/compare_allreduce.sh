@@ -4,7 +4,7 @@
 #
 # Usage: bench/compare_allreduce.sh [-T tcp|shm] [-p RANKS] [-b MINBYTES] [-e MAXBYTES]
 #            [-f FACTOR] [-n ITERS] [-w WARMUP] [-L LARGE] [-N ITERS_LARGE]
-#            [-W WARMUP_LARGE] [-t TIMEOUT_S] [-R REPEATS]
+#            [-W WARMUP_LARGE] [-t TIMEOUT_S] [-R REPEATS] [-c CSV] [-P PNG]
 #   -T        tcp: chorus and Open MPI over TCP on 127.0.0.1 (btl self,tcp);
 #             shm: both through shared memory (chorus's shm transport, Open MPI's
 #             vader btl). Gloo has only TCP and runs over 127.0.0.1 in both (default tcp)
@@ -16,6 +16,9 @@
 #   -t        deadline of each program run, seconds   (default 600)
 #   -R        runs of the whole set, round robin over the libraries; each time
 #             is the best of the runs, against load from other processes (default 1)
+#   -c        also write the table as CSV: library,transport,ranks,bytes,time_us,
+#             busbw_gbs, one row per library and size
+#   -P        also draw busbw against size (scripts/plot busbw) into this PNG
 # Every library gets the same sizes and iteration counts. Time is the average per op
 # of back-to-back ops, max over the 2 ranks; busbw = size/time * 2(n-1)/n (nccl-tests).
 # chorus and MPI run out of place; torch's all_reduce (Gloo) only runs in place.
@@ -30,12 +33,12 @@ readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
 RANKS=2 TRANSPORT=tcp
 
 min_bytes=8 max_bytes=256M factor=2 iters=20 warmup=5 large=32M timeout_s=600 repeats=1
-iters_large="" warmup_large=""
+iters_large="" warmup_large="" csv="" png=""
 
 die() { echo "compare_allreduce: $*" >&2; exit 1; }
 
 # Prints the usage lines of the header; exits with $1.
-usage() { sed -n '5,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
+usage() { sed -n '5,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
 
 # Bytes of "N", "NK", "NM" or "NG" (powers of 1024); exits 2 naming the option.
 to_bytes() {
@@ -48,13 +51,13 @@ to_bytes() {
 
 parse_args() {
   local opt
-  while getopts "T:p:b:e:f:n:w:L:N:W:t:R:h" opt; do
+  while getopts "T:p:b:e:f:n:w:L:N:W:t:R:c:P:h" opt; do
     case $opt in
       T) TRANSPORT=$OPTARG ;; p) RANKS=$OPTARG ;;
       b) min_bytes=$OPTARG ;; e) max_bytes=$OPTARG ;; f) factor=$OPTARG ;;
       n) iters=$OPTARG ;; w) warmup=$OPTARG ;; L) large=$OPTARG ;;
       N) iters_large=$OPTARG ;; W) warmup_large=$OPTARG ;; t) timeout_s=$OPTARG ;;
-      R) repeats=$OPTARG ;; h) usage 0 ;;
+      R) repeats=$OPTARG ;; c) csv=$OPTARG ;; P) png=$OPTARG ;; h) usage 0 ;;
       *) usage 2 ;;
     esac
   done
@@ -71,6 +74,15 @@ parse_args() {
   ((factor >= 2)) || { echo "compare_allreduce: -f must be >= 2" >&2; exit 2; }
   ((iters >= 1 && iters_large >= 1)) || { echo "compare_allreduce: -n and -N must be >= 1" >&2; exit 2; }
   ((min_bytes >= 4 && min_bytes <= max_bytes)) || { echo "compare_allreduce: need 4 <= -b <= -e" >&2; exit 2; }
+  # Output files are checked now, not after the runs.
+  if [[ -n $csv ]]; then
+    : 2>/dev/null >"$csv" || { echo "compare_allreduce: cannot write the -c file $csv" >&2; exit 2; }
+    csv=$(realpath "$csv")
+  fi
+  if [[ -n $png ]]; then
+    [[ -d $(dirname "$png") ]] || { echo "compare_allreduce: cannot write the -P file $png (no directory $(dirname "$png"))" >&2; exit 2; }
+    png=$(realpath -m "$png")
+  fi
 }
 
 # Installs the Debian packages that are missing (none when all are present), with the
@@ -171,10 +183,10 @@ run_all() {
 # Joins the three outputs by size and prints the table; exits 1 on missing sizes or
 # wrong results.
 print_table() {
-  $PY - "$WORK" "$RANKS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$TRANSPORT" <<'EOF'
-import json, sys
+  $PY - "$WORK" "$RANKS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$TRANSPORT" "$1" <<'EOF'
+import csv, json, sys
 work, ranks, load_before, load_after = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-transport = sys.argv[5]
+transport, csv_path = sys.argv[5], sys.argv[6]
 libs = ("chorus", "gloo", "mpi")
 
 def rows(lib):
@@ -218,6 +230,15 @@ for s in sizes:
     lat = f"{t[0] / t[2]:12.2f}" if s <= 64 * 1024 else f"{'-':>12}"
     print(f"{s:>12}" + "".join(f"{x:12.1f}" for x in t) + "".join(f"{x:12.3f}" for x in bw)
           + f"{bw[0] / bw[1]:12.2f}{bw[0] / bw[2]:12.2f}" + lat)
+if csv_path:
+    with open(csv_path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(("library", "transport", "ranks", "bytes", "time_us", "busbw_gbs"))
+        for lib in libs:
+            for s in sizes:
+                us = data[lib][s][0]
+                out.writerow((lib, "tcp" if lib == "gloo" else transport, ranks, s, f"{us:.3f}",
+                              f"{busbw(s, us):.6f}"))
 bad = {lib: sum(w for _, w in data[lib].values()) for lib in libs}
 if wrong:
     sys.exit(f"compare_allreduce: wrong elements: {bad}")
@@ -232,7 +253,13 @@ main() {
   trap 'rm -rf "$WORK"' EXIT
   build_programs
   run_all
-  print_table
+  local table_csv=$csv  # -P without -c: scripts/plot reads a CSV among the work files
+  [[ -n $table_csv || -z $png ]] || table_csv=$WORK/busbw.csv
+  print_table "$table_csv"
+  if [[ -n $png ]]; then
+    "$ROOT/scripts/plot" busbw "$table_csv" --out "$png" >/dev/null || die "scripts/plot busbw failed"
+    echo "compare_allreduce: drew $png" >&2
+  fi
 }
 
 main "$@"

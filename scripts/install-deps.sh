@@ -7,12 +7,13 @@ set -euo pipefail
 # Debian's /usr/bin/python3.
 # file, dpkg-dev: cpack's Debian packages (scripts/package.sh), whose Depends
 # dpkg-shlibdeps computes.
+# gnuplot-nox: scripts/plot draws the pictures (docs/images) with it.
 # libopenblas0-pthread: Debian's libtorch computes on whichever libblas.so.3 the system
 # selects; without it that is the reference BLAS, about 10x slower for the seed job.
 packages=(cmake make g++ pkg-config libgtest-dev libgmock-dev zlib1g-dev libcli11-dev libssl-dev
           nlohmann-json3-dev iproute2 procps file dpkg-dev
           libtorch-dev libopenblas0-pthread dataset-fashion-mnist
-          python3-torch python3-torchvision python3-dev pybind11-dev)
+          python3-torch python3-torchvision python3-dev pybind11-dev gnuplot-nox)
 packages+=("$@")
 
 missing=()

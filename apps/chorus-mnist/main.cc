@@ -1,13 +1,22 @@
 // chorus-mnist: the seed job. An MLP (784-512-512-10, seed 000) or a linear model
 // (784->10 with Normalize(0.5, 0.5), seed 001) trained on Fashion-MNIST or MNIST with
 // DistributedDataParallel over chorus; started by chorusrun (or alone as one rank).
+//
+// Output: rank 0 draws a progress bar when stdout is a terminal, else every rank
+// prints the seed job's plain lines. --metrics FILE: rank 0 writes JSON lines there
+// (see MetricsFile), which scripts/plot draws.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "chorus/error.h"
 #include "chorus/torch/checkpoint.h"
@@ -15,6 +24,7 @@
 #include "chorus/torch/data.h"
 #include "chorus/torch/ddp.h"
 #include "models.h"
+#include "progress.h"
 #include "chorus/version.h"
 
 namespace {
@@ -41,7 +51,41 @@ struct Args {
   int64_t max_steps = 0;  // 0: no limit (benchmarks and tests stop early with it)
   int64_t warmup_steps = 0;  // steps left out of samples_per_second (benchmarks)
   int threads = 0;        // 0: OMP_NUM_THREADS, else 1
+  std::string metrics;    // rank 0 writes JSON lines here
   std::string malloc_thresholds;  // what keep_freed_memory() did (not an option)
+};
+
+// --metrics: one JSON object per line, written by rank 0 and flushed line by line, so
+// that a crash leaves whole lines. Two kinds of line:
+//   {"event":"train", "epoch", "step" (optimizer steps so far, all epochs), "loss" (of
+//    rank 0's latest batch), "wall_time_s" (since training began), "steps" (steps since
+//    the previous train line), "samples_per_second" (all ranks, over those steps'
+//    wall time), and per-step means over them: "step_s" (forward, backward and
+//    optimizer step), "allreduce_wait_s" (DDP's wait for its buckets' communication,
+//    DdpStats::wait_seconds), "compute_s" (step_s - allreduce_wait_s), "backward_s"
+//    (DdpStats::backward_seconds), and "buckets"}, at every --log-interval batch;
+//   {"event":"epoch", "epoch", "step", "wall_time_s", "test_accuracy", "test_loss"} at
+//    each epoch's end.
+class MetricsFile {
+ public:
+  // Opens (truncates) `path`; "" when it could, else why not.
+  std::string open(const std::string& path) {
+    file_ = std::fopen(path.c_str(), "w");
+    if (file_ == nullptr) return std::strerror(errno);
+    return "";
+  }
+  ~MetricsFile() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  bool active() const { return file_ != nullptr; }
+  void write(const nlohmann::json& line) {
+    if (file_ == nullptr) return;
+    std::fputs((line.dump() + "\n").c_str(), file_);
+    std::fflush(file_);
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
 };
 
 using chorus::mnist::Linear;
@@ -77,6 +121,9 @@ int parse(int argc, char** argv, Args& a) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (0: OMP_NUM_THREADS or 1)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--metrics", a.metrics,
+                 "rank 0 writes JSON lines here: loss, samples/s, time per step split into "
+                 "compute and waiting on allreduce, test accuracy (scripts/plot draws them)");
   app.set_version_flag("--version", std::string("chorus-mnist ") + CHORUS_VERSION);
   try {
     app.parse(argc, argv);
@@ -132,7 +179,7 @@ TestResult evaluate(Model& model, std::shared_ptr<const chorus::data::MnistDatas
 }
 
 template <class Model>
-int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
+int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, MetricsFile& metrics) {
   const int rank = group->rank(), world = group->size();
   auto train_set = load_split(a, chorus::data::Split::kTrain);
   auto test_set = load_split(a, chorus::data::Split::kTest);
@@ -173,9 +220,24 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
   double train_seconds = 0;
   TestResult last;
   const auto wall_start = Clock::now();
+  auto since_start = [&] { return std::chrono::duration<double>(Clock::now() - wall_start).count(); };
+  // Rank 0 on a terminal: a progress bar instead of the plain lines. Under chorusrun,
+  // stdout is a pipe to the launcher, which says whether its own stdout is a terminal
+  // (CHORUS_STDOUT_TERMINAL) and redraws lines ended by '\r' in place there.
+  const bool own_terminal = ::isatty(STDOUT_FILENO) == 1;
+  const char* launcher_terminal = std::getenv("CHORUS_STDOUT_TERMINAL");
+  const bool bar = rank == 0 && (own_terminal || (launcher_terminal != nullptr &&
+                                                  std::string(launcher_terminal) == "1"));
+  const int64_t steps_per_epoch = sampler.num_samples() / batch;
+  // What the next metrics line averages over.
+  struct Interval {
+    int64_t steps = 0, samples = 0;
+    double step_s = 0, wait_s = 0, backward_s = 0;
+    double wall_s = 0;  // the steps' wall time, data loading included, evaluation not
+  } interval;
   bool stop = false;
   for (int64_t epoch = state.epoch; epoch < a.epochs && !stop; ++epoch) {
-    std::printf("curr epoch:  %lld\n", static_cast<long long>(epoch));
+    if (!bar) std::printf("curr epoch:  %lld\n", static_cast<long long>(epoch));
     sampler.set_epoch(epoch);
     if (epoch == state.epoch && state.sampler_position > 0) {
       sampler.load_state({epoch, state.sampler_position});
@@ -188,12 +250,27 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
     chorus::data::DataLoader loader(train_set, sampler.remaining_indices(), lo);
     int64_t i = sampler.position() / batch;
     auto start = Clock::now();
+    const auto epoch_start = Clock::now();
+    const int64_t first_i = i;
+    auto last_drawn = Clock::time_point{};
+    auto tick = Clock::now();  // the end of the previous step
     while (auto b = loader.next()) {
+      const auto step_start = Clock::now();
       torch::Tensor loss =
           torch::nn::functional::cross_entropy(ddp.forward(model, b->data), b->target);
       optimizer.zero_grad();
       loss.backward();
       optimizer.step();
+      const auto step_end = Clock::now();
+      const double step_s = std::chrono::duration<double>(step_end - step_start).count();
+      interval.wall_s += std::chrono::duration<double>(step_end - tick).count();
+      tick = step_end;
+      const chorus::torch_ext::DdpStats ddp_stats = ddp.last_step_stats();
+      interval.steps += 1;
+      interval.samples += b->size() * world;
+      interval.step_s += step_s;
+      interval.wait_s += ddp_stats.wait_seconds;
+      interval.backward_s += ddp_stats.backward_seconds;
       sampler.advance(b->size());
       ++state.step;
       if (state.step <= a.warmup_steps) {
@@ -203,12 +280,55 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
       }
       state.sampler_position = sampler.position();
       if (i % a.log_interval == 0) {
-        std::printf("loss: %7f [%5lld/%5lld]\n", loss.item<double>(),
-                    static_cast<long long>(i * b->size()),
-                    static_cast<long long>(train_set->size()));
-        std::fflush(stdout);
+        const double loss_value = loss.item<double>();
+        if (!bar) {
+          std::printf("loss: %7f [%5lld/%5lld]\n", loss_value, static_cast<long long>(i * b->size()),
+                      static_cast<long long>(train_set->size()));
+          std::fflush(stdout);
+        }
+        if (metrics.active()) {
+          const double n = static_cast<double>(interval.steps);
+          const double wall = interval.wall_s;
+          metrics.write({{"event", "train"},
+                         {"epoch", epoch},
+                         {"step", state.step},
+                         {"loss", loss_value},
+                         {"wall_time_s", since_start()},
+                         {"steps", interval.steps},
+                         {"samples_per_second", wall > 0 ? interval.samples / wall : 0.0},
+                         {"step_s", interval.step_s / n},
+                         {"compute_s", (interval.step_s - interval.wait_s) / n},
+                         {"allreduce_wait_s", interval.wait_s / n},
+                         {"backward_s", interval.backward_s / n},
+                         {"buckets", ddp_stats.buckets}});
+          interval = Interval{};
+        }
       }
       ++i;
+      if (bar) {
+        const auto now = Clock::now();
+        // Redrawn at most 10 times a second, and at the epoch's (or the run's) last step.
+        const bool last = i >= steps_per_epoch || (a.max_steps > 0 && state.step >= a.max_steps);
+        if (now - last_drawn >= std::chrono::milliseconds(100) || last) {
+          last_drawn = now;
+          const double elapsed = std::chrono::duration<double>(now - epoch_start).count();
+          const int64_t done = i - first_i;
+          int64_t left = (steps_per_epoch - i) + (a.epochs - epoch - 1) * steps_per_epoch;
+          if (a.max_steps > 0) left = std::min(left, a.max_steps - state.step);
+          chorus::mnist::Progress p;
+          p.epoch = epoch;
+          p.epochs = a.epochs;
+          p.step = i;
+          p.steps = steps_per_epoch;
+          p.loss = loss.item<double>();
+          p.samples_per_second = elapsed > 0 ? done * b->size() * world / elapsed : 0;
+          p.eta_seconds = done > 0 ? elapsed / done * std::max<int64_t>(left, 0) : -1;
+          // The line ended by '\r' (a status line to chorusrun); on a terminal of its
+          // own, the rest of a longer previous line is cleared too.
+          std::printf("%s%s\r", chorus::mnist::render_progress(p).c_str(), own_terminal ? "\x1b[K" : "");
+          std::fflush(stdout);
+        }
+      }
       if (a.checkpoint_interval > 0 && state.step % a.checkpoint_interval == 0) save();
       if (a.max_steps > 0 && state.step >= a.max_steps) {
         stop = true;
@@ -216,11 +336,18 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group) {
       }
     }
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    if (bar) std::printf("\n");  // the bar's line stays, finished
     if (!stop) {
       state = {epoch + 1, state.step, 0};
       save();
     }
     last = evaluate(model, test_set, 1000);
+    metrics.write({{"event", "epoch"},
+                   {"epoch", epoch},
+                   {"step", state.step},
+                   {"wall_time_s", since_start()},
+                   {"test_accuracy", last.accuracy},
+                   {"test_loss", last.avg_loss}});
     if (rank == 0) {
       std::printf("Test Error: \n Accuracy: %.1f%%, Avg loss: %8f \n\n", 100 * last.accuracy,
                   last.avg_loss);
@@ -252,14 +379,26 @@ int main(int argc, char** argv) {
   Args a;
   if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
   a.malloc_thresholds = chorus::mnist::keep_freed_memory();
+  // Rank 0 (RANK, as chorusrun sets it; 0 when alone) opens the metrics file before
+  // anything else, so that a bad path fails at once.
+  MetricsFile metrics;
+  const char* rank_env = std::getenv("RANK");
+  if (!a.metrics.empty() && (rank_env == nullptr || std::atoi(rank_env) == 0)) {
+    std::string why = metrics.open(a.metrics);
+    if (!why.empty()) {
+      std::fprintf(stderr, "chorus-mnist: cannot write the --metrics file %s: %s\n", a.metrics.c_str(),
+                   why.c_str());
+      return 2;
+    }
+  }
   try {
     chorus::mnist::set_compute_threads(a.threads);
     auto group = ProcessGroup::from_env();
     // As in seed 000: the seed is set before the model is built, so every rank builds
     // the same initial weights (DDP's broadcast from rank 0 then changes nothing).
     torch::manual_seed(a.seed);
-    if (a.model == "mlp") return train(a, Mlp(), group);
-    return train(a, Linear(), group);
+    if (a.model == "mlp") return train(a, Mlp(), group, metrics);
+    return train(a, Linear(), group, metrics);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorus-mnist: %s\n", e.what());
     return 1;

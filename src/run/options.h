@@ -44,6 +44,12 @@ class VersionRequested : public std::exception {
 // 2 (stderr), 3 (both).
 enum class Streams : uint8_t { kNone = 0, kStdout = 1, kStderr = 2, kBoth = 3 };
 
+// Whether `set` holds stream 0 (stdout) or 1 (stderr).
+inline bool contains(Streams set, int stream) {
+  auto bit = stream == 0 ? Streams::kStdout : Streams::kStderr;
+  return (static_cast<uint8_t>(set) & static_cast<uint8_t>(bit)) != 0;
+}
+
 struct LaunchOptions {
   int nproc_per_node = 1;          // --nproc-per-node N|auto (auto: number of CPUs)
   int nnodes = 1;                  // --nnodes N, or MIN:MAX with MIN == MAX

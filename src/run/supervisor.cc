@@ -104,6 +104,15 @@ void print_summary(const json& f) {
   std::cerr << out.str() << std::flush;
 }
 
+// The console streams that are terminals, where workers' status lines (progress bars)
+// are redrawn in place (OutputOptions::terminals); redirected streams are not consoles.
+Streams console_terminals(const LaunchOptions& o) {
+  int set = 0;
+  if (::isatty(STDOUT_FILENO) == 1 && !contains(o.redirects, 0)) set |= static_cast<int>(Streams::kStdout);
+  if (::isatty(STDERR_FILENO) == 1 && !contains(o.redirects, 1)) set |= static_cast<int>(Streams::kStderr);
+  return static_cast<Streams>(set);
+}
+
 // The complete environment of one worker. MASTER_ADDR/MASTER_PORT are left to the
 // program's own rendezvous (a PyTorch rank 0 binds its TCPStore on that port, which
 // the store of the launchers must therefore not hold); chorus's workers find the
@@ -139,6 +148,13 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1, cpus / o.nproc_per_node));
   }
   if (!o.local_addr.empty()) env["CHORUS_IF_IP"] = o.local_addr;
+  // A worker's stdout is a pipe to the launcher; this says whether the launcher's is a
+  // terminal, so that a program may draw a progress bar (chorus-mnist does).
+  if (contains(console_terminals(o), 0)) {
+    env["CHORUS_STDOUT_TERMINAL"] = "1";
+  } else {
+    env.erase("CHORUS_STDOUT_TERMINAL");
+  }
   return env;
 }
 
@@ -147,7 +163,7 @@ class Attempt {
  public:
   Attempt(const LaunchOptions& o, LauncherRendezvous& rdzv, Signals& signals, int round)
       : o_(o), rdzv_(rdzv), signals_(signals), round_(round),
-        group_(OutputOptions{o.tee, o.redirects, o.log_dir, 20}) {}
+        group_(OutputOptions{o.tee, o.redirects, o.log_dir, 20, console_terminals(o)}) {}
 
   // Runs until the attempt succeeded on every node (returns null) or failed somewhere
   // (returns the failure that stands).

@@ -60,11 +60,6 @@ constexpr int kStderr = 1;
 
 std::string error_text(int err) { return std::generic_category().message(err); }
 
-bool contains(Streams set, int stream) {
-  auto bit = stream == kStdout ? Streams::kStdout : Streams::kStderr;
-  return (static_cast<uint8_t>(set) & static_cast<uint8_t>(bit)) != 0;
-}
-
 // Pipes and /dev/null must not land on fds 0..2, or the child's dup2() onto 0..2 would
 // clobber one of its own sources.
 Fd above_stdio(int fd) {
@@ -123,19 +118,54 @@ void write_all(int fd, const std::string& data) {
   }
 }
 
-// Splits complete lines off the front of `partial`; more than kMaxLineBytes without a
-// newline are passed on as a line of kMaxLineBytes.
-std::vector<std::string> take_lines(std::string& partial) {
-  std::vector<std::string> lines;
+// A line of a worker's output: ended by '\n' (or "\r\n"), or a status line ended by a
+// lone '\r' (a progress bar's redraw; OutputOptions::terminals).
+struct Line {
+  std::string text;
+  bool status = false;
+};
+
+// What is left of a worker stream's output between reads.
+struct Unsplit {
+  std::string partial;  // bytes after the last line end
+  // The previous read ended with '\r': the status line it ended (`cr_text`) was really
+  // a "\r\n" line if the next read starts with '\n'.
+  bool after_cr = false;
+  std::string cr_text;
+};
+
+// Splits complete lines off the front of `u.partial`; more than kMaxLineBytes without a
+// line end are passed on as a line of kMaxLineBytes. Empty status lines ("\r" before
+// the text, as some bars draw) are dropped.
+std::vector<Line> take_lines(Unsplit& u) {
+  std::vector<Line> lines;
+  std::string& partial = u.partial;
   size_t start = 0;
+  if (u.after_cr && !partial.empty()) {
+    u.after_cr = false;
+    if (partial[0] == '\n') {
+      lines.push_back({std::move(u.cr_text), false});
+      start = 1;
+    }
+  }
   while (true) {
-    size_t newline = partial.find('\n', start);
+    size_t end = partial.find_first_of("\r\n", start);
     size_t limit = start + kMaxLineBytes;
-    if (newline != std::string::npos && newline <= limit) {
-      lines.push_back(partial.substr(start, newline - start));
-      start = newline + 1;
+    if (end != std::string::npos && end <= limit) {
+      std::string text = partial.substr(start, end - start);
+      if (partial[end] == '\n' || (end + 1 < partial.size() && partial[end + 1] == '\n')) {
+        lines.push_back({std::move(text), false});
+        start = end + (partial[end] == '\n' ? 1 : 2);
+        continue;
+      }
+      if (end + 1 == partial.size()) {  // a lone '\r' so far
+        u.after_cr = true;
+        u.cr_text = text;
+      }
+      if (!text.empty()) lines.push_back({std::move(text), true});
+      start = end + 1;
     } else if (partial.size() > limit) {
-      lines.push_back(partial.substr(start, kMaxLineBytes));
+      lines.push_back({partial.substr(start, kMaxLineBytes), false});
       start = limit;
     } else {
       break;
@@ -144,6 +174,9 @@ std::vector<std::string> take_lines(std::string& partial) {
   partial.erase(0, start);
   return lines;
 }
+
+// Clears a terminal's current line (the cursor goes to its start).
+constexpr const char* kClearLine = "\r\x1b[K";
 
 pid_t pidfd_open(pid_t pid) { return static_cast<pid_t>(syscall(SYS_pidfd_open, pid, 0)); }
 
@@ -301,9 +334,9 @@ struct WorkerGroup::Impl {
   };
 
   struct Output {
-    Fd pipe;              // non-blocking read end; closed at EOF
-    Fd log;               // append-mode log file, or closed when there is no log_dir
-    std::string partial;  // bytes after the last newline
+    Fd pipe;         // non-blocking read end; closed at EOF
+    Fd log;          // append-mode log file, or closed when there is no log_dir
+    Unsplit unsplit;  // bytes after the last line end
   };
 
   struct Worker {
@@ -325,6 +358,14 @@ struct WorkerGroup::Impl {
     int stream;      // kStdout, kStderr, or kPidfd
   };
   static constexpr int kPidfd = 2;
+
+  // The status line shown on a terminal console's last line (one for the terminal:
+  // stdout and stderr are usually the same one), with its prefix; owner null: none.
+  struct Shown {
+    const Worker* owner = nullptr;
+    int stream = kStdout;
+    std::string text;
+  } shown;
 
   OutputOptions options;
   std::vector<std::unique_ptr<Worker>> workers;
@@ -481,8 +522,8 @@ struct WorkerGroup::Impl {
     ssize_t n = ::read(output.pipe.get(), read_buffer.data(), read_buffer.size());
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n > 0) {
-      output.partial.append(read_buffer.data(), static_cast<size_t>(n));
-      emit(w, stream, take_lines(output.partial));
+      output.unsplit.partial.append(read_buffer.data(), static_cast<size_t>(n));
+      emit(w, stream, take_lines(output.unsplit));
       return;
     }
     close_output(w, stream);  // EOF (or a broken pipe)
@@ -490,26 +531,73 @@ struct WorkerGroup::Impl {
 
   // Closes a worker's pipe, passing on its unterminated last line.
   void close_output(Worker& w, int stream) {
-    Output& output = w.outputs[stream];
-    if (!output.partial.empty()) emit(w, stream, {std::move(output.partial)});
-    output.partial.clear();
-    output.pipe.reset();
+    flush_partial(w, stream);
+    w.outputs[stream].pipe.reset();
   }
 
   // Console copy (prefixed when tee'd, none when redirected), log copy, and last lines.
-  void emit(Worker& w, int stream, const std::vector<std::string>& lines) {
+  // Status lines go to a terminal console only, where they replace the shown one; other
+  // lines clear the shown status, scroll above it, and redraw it, except the owner's,
+  // which ends it (an empty line keeps it as it is; another takes its place).
+  void emit(Worker& w, int stream, const std::vector<Line>& lines) {
     if (lines.empty()) return;
-    bool to_console = !contains(options.redirects, stream);
+    const bool to_console = !contains(options.redirects, stream);
+    const bool terminal = to_console && contains(options.terminals, stream);
     std::string prefix =
         contains(options.tee, stream) ? "[rank " + std::to_string(w.rank) + "]: " : "";
     std::string console, log;
+    bool hidden = false;  // the shown status (of this stream) is cleared in `console`
     for (const auto& line : lines) {
-      if (to_console) console.append(prefix).append(line).push_back('\n');
-      if (w.outputs[stream].log.valid()) log.append(line).push_back('\n');
-      remember(w, line);
+      if (line.status) {
+        if (!terminal) continue;
+        if (shown.owner != nullptr && shown.stream != stream) end_status();
+        console.append(kClearLine).append(prefix).append(line.text).append("\x1b[K");
+        shown = {&w, stream, prefix + line.text};
+        hidden = false;
+        continue;
+      }
+      if (to_console) {
+        if (shown.owner == &w && shown.stream == stream) {
+          if (line.text.empty()) {
+            console.push_back('\n');
+          } else {
+            console.append(kClearLine).append(prefix).append(line.text).push_back('\n');
+          }
+          shown = {};
+          hidden = false;
+        } else {
+          if (shown.owner != nullptr && shown.stream == stream && !hidden) {
+            console.append(kClearLine);
+            hidden = true;
+          }
+          console.append(prefix).append(line.text).push_back('\n');
+        }
+      }
+      if (w.outputs[stream].log.valid()) log.append(line.text).push_back('\n');
+      remember(w, line.text);
     }
-    if (!console.empty()) write_all(stream == kStdout ? STDOUT_FILENO : STDERR_FILENO, console);
+    if (hidden) console.append(shown.text).append("\x1b[K");
+    if (!console.empty()) write_console(stream, console);
     if (!log.empty()) write_all(w.outputs[stream].log.get(), log);
+  }
+
+  static int console_fd(int stream) { return stream == kStdout ? STDOUT_FILENO : STDERR_FILENO; }
+
+  // Writes to a console stream. A status shown by the other stream on the same terminal
+  // is cleared first and redrawn after.
+  void write_console(int stream, const std::string& text) {
+    const bool other_shown = shown.owner != nullptr && shown.stream != stream &&
+                             contains(options.terminals, stream);
+    if (other_shown) write_all(console_fd(shown.stream), kClearLine);
+    write_all(console_fd(stream), text);
+    if (other_shown) write_all(console_fd(shown.stream), shown.text + "\x1b[K");
+  }
+
+  // The shown status stays on the terminal as it is; what follows starts below it.
+  void end_status() {
+    if (shown.owner == nullptr) return;
+    write_all(console_fd(shown.stream), "\n");
+    shown = {};
   }
 
   void remember(Worker& w, const std::string& line) {
@@ -557,10 +645,12 @@ struct WorkerGroup::Impl {
   }
 
   void flush_partial(Worker& w, int stream) {
-    std::string& partial = w.outputs[stream].partial;
-    if (partial.empty()) return;
-    emit(w, stream, {std::move(partial)});
-    partial.clear();
+    Unsplit& u = w.outputs[stream].unsplit;
+    u.after_cr = false;
+    if (!u.partial.empty()) emit(w, stream, {{std::move(u.partial), false}});
+    u.partial.clear();
+    // A worker whose output ended leaves its status on the terminal, finished.
+    if (shown.owner == &w && shown.stream == stream) end_status();
   }
 
   // ----- signals, termination, cleanup -----
@@ -618,6 +708,7 @@ struct WorkerGroup::Impl {
     Deadline deadline(kKilledDeadline);
     for (const auto& w : workers)
       if (w->state != State::kReaped && w->group_owned) reap_group(w->pid, deadline);
+    end_status();
     workers.clear();
   }
 

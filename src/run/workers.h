@@ -5,6 +5,8 @@
 // Its stdout and stderr go through pipes to the launcher, which copies them to its own
 // stdout/stderr (with a "[rank N]: " prefix when tee is asked for), to per-rank log
 // files when a log directory is given, and keeps the last lines for failure reports.
+// Status lines (ended by '\r', see OutputOptions::terminals) are redrawn in place when
+// the console is a terminal, as they would be without the launcher in between.
 //
 // Threading: one thread drives a WorkerGroup. Not copyable. That thread must outlive
 // the workers: PR_SET_PDEATHSIG fires when the thread that forked a worker exits, not
@@ -48,6 +50,11 @@ struct OutputOptions {
   Streams redirects = Streams::kNone;  // these streams go to log files only
   std::string log_dir;                 // empty: no log files; else <log_dir>/rank_<N>.{stdout,stderr}.log
   size_t last_lines = 20;              // kept per worker for reports
+  // Console streams that are terminals (chorusrun: isatty). On these, a worker's status
+  // lines (text ended by a lone '\r', as progress bars write) are shown in place on the
+  // terminal's last line, and other lines scroll above them. Elsewhere, and in log files
+  // and reports, status lines are dropped; the line a bar ends with '\n' is kept.
+  Streams terminals = Streams::kNone;
 };
 
 struct WorkerExit {

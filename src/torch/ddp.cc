@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <chrono>
 #include <optional>
 
 #include "chorus/error.h"
@@ -51,6 +52,9 @@ struct DistributedDataParallel::Impl {
   bool step_sync = true;     // whether this step's backward synchronizes
   bool some_joined = false;  // a step of this guard trained without every rank
   int last_root = -1;        // the lowest rank of the latest step's training ranks
+  // Timing (last_step_stats): when this backward's first gradient was ready.
+  std::chrono::steady_clock::time_point backward_start;
+  DdpStats stats;
 };
 
 // Runs after a parameter's gradient has been accumulated into .grad.
@@ -218,6 +222,16 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const 
   return out;
 }
 
+DdpStats DistributedDataParallel::last_step_stats() const { return impl_->stats; }
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
 void DistributedDataParallel::register_comm_hook(CommHook hook) {
   const std::string who =
       "DistributedDataParallel::register_comm_hook on rank " + std::to_string(group_->rank()) + ": ";
@@ -291,6 +305,7 @@ int DistributedDataParallel::exchange_join_state(bool joined) {
 }
 
 void DistributedDataParallel::start_backward() {
+  impl_->backward_start = std::chrono::steady_clock::now();
   impl_->in_backward = true;
   impl_->next_bucket = 0;
   impl_->failure = nullptr;
@@ -430,14 +445,20 @@ void DistributedDataParallel::finish_backward() {
         ": these parameters got no gradient in this backward pass: " + unused +
         " (construct with find_unused_parameters = true if that is intended)");
   }
-  if (impl_->solo) return;
+  if (impl_->solo) {
+    impl_->stats = {impl_->stats.steps + 1, 0, seconds_since(impl_->backward_start), 0};
+    return;
+  }
   launch_ready_buckets();
   torch::NoGradGuard no_grad;
+  double waited = 0;
   // After a failure the remaining buckets are still waited for (they fail at once on the
   // aborted communicator), so that none is in flight when backward() throws.
   for (size_t index = 0; index < impl_->buckets.size(); ++index) {
     Bucket& b = impl_->buckets[index];
+    const auto wait_start = std::chrono::steady_clock::now();
     at::Tensor result = wait_bucket(index, b.future);
+    waited += seconds_since(wait_start);
     if (impl_->failure) continue;
     if (result.data_ptr() != b.buffer.data_ptr()) b.buffer.copy_(result.reshape(-1));
     for (size_t s = 0; s < b.params.size(); ++s) {
@@ -460,6 +481,8 @@ void DistributedDataParallel::finish_backward() {
     }
   }
   rethrow_failure();
+  impl_->stats = {impl_->stats.steps + 1, impl_->buckets.size(), seconds_since(impl_->backward_start),
+                  waited};
 }
 
 DistributedDataParallel::UnevenInputs::UnevenInputs(DistributedDataParallel& ddp, JoinOptions options)

@@ -1,8 +1,12 @@
 // chorusrun end to end: real launchers, real workers (chorus_test_worker), simulated
 // nodes on distinct loopback addresses (127.0.0.2, 127.0.0.3).
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -91,6 +95,69 @@ size_t count(const std::string& text, const std::string& needle) {
   size_t n = 0;
   for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
   return n;
+}
+
+// Runs chorusrun with `args`, its stdin, stdout and stderr on a pseudo-terminal, for up
+// to 120 s (then it is killed). Returns what it wrote there (the terminal turns "\n"
+// into "\r\n") and sets `exit_code` (-1: killed or timed out).
+std::string run_on_terminal(const std::vector<std::string>& args, int& exit_code) {
+  std::vector<std::string> argv{test::chorusrun_path()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c_argv;
+  for (auto& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  int master = -1;
+  pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+  if (pid < 0) throw std::runtime_error("forkpty failed");
+  if (pid == 0) {
+    execv(c_argv[0], c_argv.data());
+    _exit(127);
+  }
+  std::string text;
+  const auto deadline = Clock::now() + 120s;
+  char buffer[4096];
+  while (Clock::now() < deadline) {
+    pollfd p{master, POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    ssize_t n = read(master, buffer, sizeof buffer);
+    if (n <= 0) break;  // EIO: every holder of the terminal's other side has closed it
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  // The terminal closes as chorusrun's files do, a moment before it can be reaped.
+  int status = 0;
+  pid_t reaped = 0;
+  while ((reaped = waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  if (reaped != pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    status = -1;
+  }
+  close(master);
+  exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return text;
+}
+
+// On a terminal, chorusrun tells its workers (CHORUS_STDOUT_TERMINAL=1, for progress
+// bars) and redraws their status lines in place; on a pipe it does neither, even when
+// the variable came from its own environment.
+TEST(Chorusrun, StatusLinesOfWorkersAreRedrawnOnATerminalOnly) {
+  const std::vector<std::string> args{"--standalone", "--nproc-per-node", "1", kScripted, "env-dump",
+                                      "partial", "st 1\r", "sleep", "0.3", "partial", "\n", "out", "done"};
+  int code = -1;
+  const std::string on_terminal = run_on_terminal(args, code);
+  EXPECT_EQ(code, 0) << on_terminal;
+  EXPECT_TRUE(contains(on_terminal, "CHORUS_STDOUT_TERMINAL=1\r\n")) << on_terminal;
+  EXPECT_TRUE(contains(on_terminal, "\r\x1b[Kst 1\x1b[K\r\x1b[Kst 1\r\ndone\r\n")) << on_terminal;
+
+  auto run = launcher(args, {{"CHORUS_STDOUT_TERMINAL", "1"}});
+  ASSERT_TRUE(run->wait_for(120s)) << run->output_text();
+  EXPECT_EQ(run->exit_code(), 0) << run->output_text();
+  const std::string out = run->stdout_text();
+  EXPECT_FALSE(contains(out, "CHORUS_STDOUT_TERMINAL")) << out;
+  EXPECT_TRUE(contains(out, "\nst 1\ndone\n")) << out;
+  EXPECT_FALSE(contains(out, "\r")) << out;
 }
 
 TEST(Chorusrun, OneNodeTwoWorkers) {

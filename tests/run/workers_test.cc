@@ -243,6 +243,68 @@ TEST_F(WorkersTest, LogFilesAreWrittenAndAppendedByTheNextStart) {
   }
 }
 
+// Status lines (ended by a lone '\r', as progress bars draw) on a terminal console: shown
+// in place, other workers' lines scroll above them (clear, line, redraw), a stderr line
+// clears and redraws the stdout status, and the owner's '\n' leaves the last one,
+// finished. Log files and reports keep only the finished line. The sleeps order the
+// workers' writes; the expected bytes are exact.
+TEST_F(WorkersTest, StatusLinesAreRedrawnInPlaceOnATerminal) {
+  OutputOptions output;
+  output.tee = Streams::kStdout;
+  output.terminals = Streams::kBoth;
+  output.log_dir = logs_.path();
+  WorkerGroup group(output);
+  ConsoleCapture console;
+  group.start({helper_spec(0, {"partial", "bar 1\r", "sleep", "1", "partial", "bar 2\r", "sleep", "1",
+                               "partial", "\n"}),
+               helper_spec(1, {"sleep", "0.5", "out", "r1 line", "sleep", "1", "err", "e1"})});
+  auto exits = wait_all(group);
+  auto [out, err] = console.finish();
+  const std::string clear = "\r\x1b[K", end = "\x1b[K";
+  EXPECT_EQ(out, clear + "[rank 0]: bar 1" + end +                             // drawn
+                     clear + "[rank 1]: r1 line\n" + "[rank 0]: bar 1" + end +  // scrolled above
+                     clear + "[rank 0]: bar 2" + end +                          // redrawn
+                     clear + "[rank 0]: bar 2" + end +                          // around e1
+                     clear + "[rank 0]: bar 2\n");                              // finished
+  EXPECT_EQ(err, "e1\n");
+  EXPECT_EQ(read_file(log_path(0, "stdout")), "bar 2\n");
+  EXPECT_EQ(exits[0].last_lines, (std::vector<std::string>{"bar 2"}));
+  EXPECT_EQ(exits[1].last_lines, (std::vector<std::string>{"r1 line", "e1"}));
+}
+
+// Where the console is not a terminal, status lines are dropped and a bar's finished
+// line (its text before '\n', however the '\r's were placed) is kept; "\r\n" ends a
+// line like '\n'.
+TEST_F(WorkersTest, StatusLinesAreDroppedWhereTheConsoleIsNotATerminal) {
+  OutputOptions output;
+  output.log_dir = logs_.path();
+  WorkerGroup group(output);
+  ConsoleCapture console;
+  group.start({helper_spec(0, {"partial", "p 1\r", "sleep", "0.2", "partial", "p 2\r\n", "partial",
+                               "\rq 1", "sleep", "0.2", "partial", "\rq 2", "sleep", "0.2", "partial",
+                               "\n", "out", "crlf\r"})});
+  auto exits = wait_all(group);
+  auto [out, err] = console.finish();
+  EXPECT_EQ(out, "p 2\nq 2\ncrlf\n");
+  EXPECT_EQ(read_file(log_path(0, "stdout")), "p 2\nq 2\ncrlf\n");
+  EXPECT_EQ(exits[0].last_lines, (std::vector<std::string>{"p 2", "q 2", "crlf"}));
+}
+
+// A worker that ends while its status is shown leaves it on the terminal: what comes
+// next starts on a new line.
+TEST_F(WorkersTest, AnEndedWorkersStatusStaysOnTheTerminal) {
+  OutputOptions output;
+  output.terminals = Streams::kStdout;
+  WorkerGroup group(output);
+  ConsoleCapture console;
+  group.start({helper_spec(0, {"partial", "s 1\r", "exit", "3"})});
+  auto exits = wait_all(group);
+  auto [out, err] = console.finish();
+  EXPECT_EQ(out, "\r\x1b[Ks 1\x1b[K\n");
+  EXPECT_EQ(exits[0].exit_code, 3);
+  EXPECT_TRUE(exits[0].last_lines.empty());
+}
+
 TEST_F(WorkersTest, RedirectedStreamsStayOffTheConsole) {
   OutputOptions output;
   output.tee = Streams::kBoth;

@@ -283,6 +283,58 @@ TEST(Ddp, BucketsFollowReverseRegistrationOrderAndCaps) {
   });
 }
 
+// last_step_stats: synchronized backward passes are counted with their buckets, a
+// wait that is part of the backward, and no_sync passes are not counted. (No test
+// asserts on how long anything took.)
+TEST(Ddp, LastStepStatsCountSynchronizedBackwardsAndTheirBuckets) {
+  const int size = 2;
+  std::vector<std::vector<DdpStats>> seen(size);
+  std::vector<size_t> buckets(size);
+  on_ranks(size, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    Mlp model = seeded_mlp(4);
+    DdpOptions o;
+    o.first_bucket_mb = 0;  // several buckets
+    o.find_unused_parameters = true;
+    DistributedDataParallel ddp(model.ptr(), group, o);
+    buckets[rank] = ddp.bucket_layout().size();
+    seen[rank].push_back(ddp.last_step_stats());
+    ddp.forward(model, batch_for(rank, 0)).pow(2).mean().backward();
+    seen[rank].push_back(ddp.last_step_stats());
+    {
+      auto guard = ddp.no_sync();
+      ddp.forward(model, batch_for(rank, 1)).pow(2).mean().backward();
+    }
+    seen[rank].push_back(ddp.last_step_stats());
+    ddp.forward(model, batch_for(rank, 2)).pow(2).mean().backward();
+    seen[rank].push_back(ddp.last_step_stats());
+  });
+  for (int r = 0; r < size; ++r) {
+    ASSERT_GE(buckets[r], 2u);
+    EXPECT_EQ(seen[r][0].steps, 0u);
+    EXPECT_EQ(seen[r][0].buckets, 0u);
+    EXPECT_EQ(seen[r][0].backward_seconds, 0);
+    EXPECT_EQ(seen[r][1].steps, 1u) << r;
+    EXPECT_EQ(seen[r][1].buckets, buckets[r]) << r;
+    EXPECT_EQ(seen[r][2].steps, 1u) << "a no_sync backward counted on rank " << r;
+    EXPECT_EQ(seen[r][3].steps, 2u) << r;
+    for (const DdpStats& s : {seen[r][1], seen[r][3]}) {
+      EXPECT_GE(s.wait_seconds, 0) << r;
+      EXPECT_GE(s.backward_seconds, s.wait_seconds) << r;
+    }
+  }
+  // One rank with the default hook communicates nothing: no buckets, no wait.
+  on_ranks(1, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    Mlp model = seeded_mlp(4);
+    DistributedDataParallel ddp(model.ptr(), group, DdpOptions{.find_unused_parameters = true});
+    ddp.forward(model, batch_for(rank, 0)).pow(2).mean().backward();
+    DdpStats s = ddp.last_step_stats();
+    EXPECT_EQ(s.steps, 1u);
+    EXPECT_EQ(s.buckets, 0u);
+    EXPECT_EQ(s.wait_seconds, 0);
+    EXPECT_GE(s.backward_seconds, 0);
+  });
+}
+
 // ---------------------------------------------------------------------------------
 // Communication hooks and uneven inputs, on a model whose gradients are exact: two
 // linear layers side by side under a loss linear in their outputs, on integer data, so

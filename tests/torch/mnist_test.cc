@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
 
@@ -22,6 +23,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using chorus::test::Subprocess;
+using chorus::test::SpawnOptions;
 
 const std::string kRun = std::string(CHORUS_BIN_DIR) + "/chorusrun";
 const std::string kMnist = std::string(CHORUS_BIN_DIR) + "/chorus-mnist";
@@ -352,6 +354,107 @@ TEST(ChorusMnist, TwoSimulatedNodesOfTwoWorkers) {
   auto params = params_by_rank(all);
   ASSERT_EQ(params.size(), 4u) << all;
   for (int r = 1; r < 4; ++r) EXPECT_EQ(params[0], params[r]) << all;
+}
+
+// --metrics: rank 0 writes one JSON line per log interval and one per epoch, with the
+// fields scripts/plot draws; steps only grow. The plain output is unchanged (stdout is
+// not a terminal here, so there is no progress bar).
+TEST(ChorusMnist, MetricsFileHasAJsonLinePerLogIntervalAndEpoch) {
+  std::string data = make_tiny_dataset(1024, 256);
+  std::string file = testing::TempDir() + "metrics_" + std::to_string(getpid()) + ".jsonl";
+  std::filesystem::remove(file);
+  auto run = job(2, {"--data-dir", data, "--dataset", "mnist", "--epochs", "2", "--batch-size", "128",
+                     "--log-interval", "2", "--metrics", file});
+  ASSERT_TRUE(run->wait_for(300s)) << run->output_text();
+  ASSERT_EQ(run->exit_code(), 0) << run->output_text();
+  const std::string out = run->stdout_text();
+  EXPECT_TRUE(contains(out, "[rank 0]: curr epoch:  1")) << out;
+  EXPECT_TRUE(contains(out, "[rank 0]: loss: ")) << out;
+  EXPECT_TRUE(contains(out, "[rank 1]: loss: ")) << out;
+  EXPECT_FALSE(contains(out, "ETA")) << out;
+
+  std::ifstream in(file);
+  ASSERT_TRUE(in) << file;
+  int train_lines = 0, epoch_lines = 0;
+  int64_t last_step = 0;
+  double last_wall = 0;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(line)) << line;
+    ASSERT_TRUE(j.is_object()) << line;
+    for (const char* key : {"event", "epoch", "step", "wall_time_s"}) {
+      ASSERT_TRUE(j.contains(key)) << key << " missing in " << line;
+    }
+    const int64_t step = j["step"].get<int64_t>();
+    const double wall = j["wall_time_s"].get<double>();
+    EXPECT_GE(wall, last_wall) << line;
+    last_wall = wall;
+    if (j["event"] == "train") {
+      ++train_lines;
+      EXPECT_GT(step, last_step) << "steps must grow: " << line;
+      for (const char* key : {"loss", "steps", "samples_per_second", "step_s", "compute_s",
+                              "allreduce_wait_s", "backward_s", "buckets"}) {
+        ASSERT_TRUE(j.contains(key) && j[key].is_number()) << key << " missing in " << line;
+      }
+      EXPECT_GE(j["steps"].get<int64_t>(), 1) << line;
+      EXPECT_GE(j["buckets"].get<int64_t>(), 1) << "2 ranks communicate: " << line;
+      EXPECT_GE(j["allreduce_wait_s"].get<double>(), 0) << line;
+      EXPECT_GE(j["compute_s"].get<double>(), 0) << line;
+      EXPECT_NEAR(j["compute_s"].get<double>() + j["allreduce_wait_s"].get<double>(),
+                  j["step_s"].get<double>(), 1e-9) << line;
+      EXPECT_GT(j["loss"].get<double>(), 0) << line;
+    } else {
+      ASSERT_EQ(j["event"], "epoch") << line;
+      EXPECT_EQ(j["epoch"].get<int>(), epoch_lines) << line;
+      ++epoch_lines;
+      EXPECT_GE(step, last_step) << line;
+      const double accuracy = j["test_accuracy"].get<double>();
+      EXPECT_GE(accuracy, 0) << line;
+      EXPECT_LE(accuracy, 1) << line;
+      EXPECT_TRUE(j["test_loss"].is_number()) << line;
+    }
+    last_step = step;
+  }
+  // 1024 samples, global batch 128: 8 steps an epoch, logged at batches 0, 2, 4, 6.
+  EXPECT_EQ(train_lines, 8);
+  EXPECT_EQ(epoch_lines, 2);
+  EXPECT_EQ(last_step, 16);
+  std::filesystem::remove(file);
+
+  // A path that cannot be written fails before training, naming it.
+  const std::string bad = testing::TempDir() + "no_such_dir_" + std::to_string(getpid()) + "/m.jsonl";
+  auto failed = job(1, {"--data-dir", data, "--dataset", "mnist", "--epochs", "1", "--metrics", bad});
+  ASSERT_TRUE(failed->wait_for(60s)) << failed->output_text();
+  EXPECT_EQ(failed->exit_code(), 2) << failed->output_text();
+  EXPECT_TRUE(contains(failed->stderr_text(), "cannot write the --metrics file " + bad))
+      << failed->output_text();
+  EXPECT_FALSE(contains(failed->stdout_text(), "curr epoch")) << failed->output_text();
+}
+
+// Rank 0 draws a progress bar when told its console is a terminal (chorusrun sets
+// CHORUS_STDOUT_TERMINAL=1; here the program runs alone on a pipe): status lines ended
+// by '\r' instead of the "curr epoch" and "loss:" lines, one finished bar per epoch,
+// and the test lines as before.
+TEST(ChorusMnist, ProgressBarInsteadOfPlainLinesOnATerminal) {
+  std::string data = make_tiny_dataset(1024, 256);
+  SpawnOptions o;
+  o.args = {"--data-dir", data, "--dataset", "mnist", "--epochs", "2", "--batch-size", "128"};
+  o.env = {{"CHORUS_STDOUT_TERMINAL", "1"}};
+  o.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  Subprocess run(kMnist, o);
+  ASSERT_TRUE(run.wait_for(300s)) << run.output_text();
+  ASSERT_EQ(run.exit_code(), 0) << run.output_text();
+  const std::string out = run.stdout_text();
+  EXPECT_FALSE(contains(out, "curr epoch")) << out;
+  EXPECT_FALSE(std::regex_search(out, std::regex("(^|\n)loss: "))) << out;
+  // 1024 samples, batch 128: 8 steps an epoch; each epoch's bar ends full, then '\n'.
+  EXPECT_TRUE(contains(out, "epoch 1/2 [####################] 8/8 loss ")) << out;
+  EXPECT_TRUE(contains(out, "epoch 2/2 [####################] 8/8 loss ")) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("epoch 2/2 \\[#+\\] 8/8 loss [0-9.]+ +[0-9]+ samples/s ETA 0:00\r\n")))
+      << out;
+  EXPECT_FALSE(contains(out, "\x1b")) << "escape codes are the launcher's to add on a pipe: " << out;
+  EXPECT_TRUE(contains(out, "Accuracy: ")) << out;
+  EXPECT_TRUE(contains(out, "rank 0 params ")) << out;
 }
 
 TEST(ChorusMnist, BadArgumentsAndDataAreNamed) {

@@ -21,6 +21,9 @@
 // UnevenInputs guard, and shadow the collectives of the ranks still training until all
 // have run out (see UnevenInputs).
 //
+// Timing: last_step_stats() says how long the latest synchronized backward waited for
+// its buckets' communication (what the overlap with the backward pass did not hide).
+//
 // Threading: one thread trains a replica (calls forward and backward). Errors during
 // the allreduce (a dead peer, a timeout) are rethrown from backward().
 #pragma once
@@ -128,6 +131,26 @@ struct DdpOptions {
   Compression compression = Compression::kNone;
 };
 
+// What the latest synchronized backward pass cost this rank (last_step_stats()). The
+// wait is the communication that overlapping it with the backward pass did not hide;
+// the rest of a step (forward, backward, optimizer) minus the wait is compute. Times
+// are seconds of std::chrono::steady_clock, on the training thread.
+struct DdpStats {
+  // Synchronized backward passes so far; 0: none yet (and the fields below are zero).
+  // Backward passes under no_sync, and a joined rank's shadowed ones, do not count.
+  uint64_t steps = 0;
+  // Buckets whose communication this backward waited for: 0 on a group of one rank
+  // with the default hook, which communicates nothing.
+  size_t buckets = 0;
+  // From when the backward's first gradient was ready (autograd work before that is
+  // not seen by DDP) until backward() returns the averaged gradients.
+  double backward_seconds = 0;
+  // Of backward_seconds: the time the callback at the end of the backward pass spent
+  // waiting for the buckets' futures (CommFuture::wait, the hooks' then() steps
+  // included), after autograd had computed every gradient.
+  double wait_seconds = 0;
+};
+
 class DistributedDataParallel {
  public:
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
@@ -214,6 +237,9 @@ class DistributedDataParallel {
   ProcessGroup& group() { return *group_; }
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
+  // The latest synchronized backward's timing (see DdpStats); read it after backward()
+  // returns, on the training thread. A backward that threw leaves the previous one's.
+  DdpStats last_step_stats() const;
 
  private:
   struct Bucket;
