@@ -53,6 +53,7 @@ void parse(const std::string& text) {
   } catch (const run::UsageError& e) {
     if (std::string(e.what()).empty()) fail("usage error without a message");
   } catch (const run::HelpRequested&) {
+  } catch (const run::VersionRequested&) {  // --version before the program: documented
   }
 }
 
