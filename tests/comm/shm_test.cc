@@ -181,6 +181,16 @@ TEST(Shm, LargeAllreduceWithStreamingStoresIsExact) {
   });
 }
 
+// The reducing ops of the two sweeps below: sum, avg, prod and max. Under
+// CHORUS_SWEEP=quick (scripts/sanitize.sh, where every element check runs many times
+// slower) avg and max: avg takes the adding path of every size class and the division
+// after it, max the comparing path; sum and prod differ from avg only in the kernel.
+std::vector<ReduceOp> sweep_ops() {
+  const char* s = std::getenv("CHORUS_SWEEP");
+  if (s != nullptr && std::string(s) == "quick") return {ReduceOp::kAvg, ReduceOp::kMax};
+  return {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMax};
+}
+
 // Allreduce chunks reduced whole by every rank (two ranks at any size, in 512 KiB
 // chunks; more ranks for small chunks, up to 32 KiB when they outnumber the cores, 64
 // KiB with more than two per core), shared out in 32 KiB pieces (more ranks, 256 KiB
@@ -195,7 +205,7 @@ TEST(Shm, AllreduceGivesEveryRankTheRankOrderFold) {
   const size_t counts[] = {1,          7,          2047,       2049,       8191,
                            8193,       16383,      16385,      65535,      65537,
                            kChunk - 1, kChunk + 1, 3 * kChunk + 5};
-  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMax};
+  const std::vector<ReduceOp> ops = sweep_ops();
   // More than two ranks per core, where this machine has few enough cores for it.
   const int crowded = 2 * static_cast<int>(std::thread::hardware_concurrency()) + 1;
   std::vector<int> sizes = {2, more};
@@ -435,7 +445,7 @@ TEST(Shm, CrossMemoryAttachGivesTheSegmentPathsBytes) {
   // either side of 8 KiB and of 1 MiB.
   const std::vector<size_t> counts = {2047,  2048,   8191,   8193,         (256 << 10) / 4 - 1,
                                       (256 << 10) / 4, 70001, 262143, 262144, (1 << 20) + 3};
-  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
+  const std::vector<ReduceOp> ops = sweep_ops();
   std::map<std::string, std::vector<float>> results[2];
   for (int cma : {1, 0}) {
     setenv("CHORUS_SHM_CMA", cma ? "all" : "0", 1);  // 3 ranks: only `all` turns it on
