@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "chorus/types.h"
-#include "comm/core/reduce.h"
+#include "comm/reduce/reduce.h"
 
 namespace {
 

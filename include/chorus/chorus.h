@@ -2,8 +2,10 @@
 #pragma once
 
 #include "chorus/communicator.h"
+#include "chorus/defaults.h"
 #include "chorus/error.h"
 #include "chorus/store.h"
+#include "chorus/topology.h"
 #include "chorus/types.h"
 #include "chorus/version.h"
 #include "chorus/work.h"

@@ -58,7 +58,8 @@
 // say) it aborts, and this rank learns it at its next operation, which fails naming
 // the receiver and its reason.
 //
-// Destruction: dropping the last reference to a communicator with nothing pending
+// Destruction is local, not collective: each rank drops its communicator when it is
+// done, without waiting for the others. Dropping the last reference with nothing pending
 // says goodbye to the peers (their operations that need this rank fail naming it as
 // gone). With operations still pending (issued and not complete, whether waited for
 // or not) it does not wait for them: it aborts them, logs a warning, tells the peers,
@@ -89,7 +90,9 @@
 #include <string>
 #include <vector>
 
+#include "chorus/defaults.h"
 #include "chorus/store.h"
+#include "chorus/topology.h"
 #include "chorus/types.h"
 #include "chorus/work.h"
 
@@ -113,30 +116,13 @@ enum class TransportKind : uint8_t {
   kShm,   // like kAuto, but failing to set up shared memory is an error, not a fallback
 };
 
-// Which ranks share a node. Nodes are numbered 0.. in the order of their lowest rank;
-// ranks of a node are numbered 0.. (local ranks) in rank order.
-struct Topology {
-  int node = 0;         // this rank's node
-  int nodes = 1;        // number of nodes
-  int local_rank = 0;   // this rank's position among the ranks of its node
-  int local_size = 1;   // ranks on this rank's node
-  std::vector<int> node_of;                  // node of every rank
-  std::vector<std::vector<int>> node_ranks;  // ranks of every node, ascending
-  // Every node has the same number of ranks: the shape hierarchical algorithms need
-  // (local rank i of node n is rank node_ranks[n][i]).
-  bool uniform() const;
-};
-
-// CommOptions::segment_bytes when nothing sets it.
-inline constexpr size_t kDefaultSegmentBytes = size_t{2} << 20;
-
 struct CommOptions {
   // The defaults below are those of an empty environment; from_env() reads it.
   // Deadline of each operation (CHORUS_TIMEOUT, else HCCL_EXEC_TIMEOUT, else 30 min).
-  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  std::chrono::milliseconds timeout{kDefaultTimeout};
   // Deadline to connect the group (CHORUS_CONNECT_TIMEOUT, else HCCL_CONNECT_TIMEOUT,
   // else 120 s).
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
+  std::chrono::milliseconds connect_timeout{kDefaultConnectTimeout};
   // Forced algorithm (CHORUS_ALGO), kAuto to choose by size.
   Algorithm algorithm = Algorithm::kAuto;
   // Transport between ranks of one node (CHORUS_TRANSPORT).
@@ -152,7 +138,7 @@ struct CommOptions {
   // Flight recorder: operations kept (CHORUS_TRACE_BUFFER_SIZE, 0: off) and the
   // directory they are written to on a timeout or abort (CHORUS_TRACE_DIR; empty:
   // stderr). apps/chorus-trace merges the ranks' files.
-  size_t trace_buffer_size = 256;
+  size_t trace_buffer_size = kDefaultTraceBufferSize;
   std::string trace_dir;
   // Pipelining unit of the ring and chain algorithms over tcp, bytes
   // (CHORUS_SEGMENT_BYTES, default 2 MiB). Every rank must use the same value (ranks
@@ -197,12 +183,18 @@ class Communicator {
   // about 524000 ranks. Every rank also reads every other rank's address from the
   // store, size * size reads in all: 70000 of them took 2.8 s from one loopback TcpStore.
   static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
-                                              CommOptions options = CommOptions::from_env());
+                                              CommOptions options);
+  // The same with CommOptions::from_env(): reads the environment when called, and throws
+  // ConfigError naming a variable with a bad value.
+  static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size);
 
   // The `env://` start-up: RANK, WORLD_SIZE (both default to a 1-rank job when
   // neither is set), MASTER_ADDR, MASTER_PORT (or CHORUS_STORE_ADDR, CHORUS_STORE_PORT
   // where a launcher hosts the store); see store_from_env().
-  static std::shared_ptr<Communicator> from_env(CommOptions options = CommOptions::from_env());
+  // Its store's connect deadline and timeout are options.connect_timeout. Without
+  // options: CommOptions::from_env(), as create() above.
+  static std::shared_ptr<Communicator> from_env(CommOptions options);
+  static std::shared_ptr<Communicator> from_env();
 
   // See "Destruction" above: pending operations are aborted, not waited for.
   virtual ~Communicator() = default;

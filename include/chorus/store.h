@@ -7,12 +7,15 @@
 // Keys are byte strings of at most 4 KiB, values at most 64 MiB.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "chorus/defaults.h"
 
 namespace chorus {
 
@@ -56,9 +59,14 @@ class Store {
   // listens on the local address that routes to it (CommOptions::listen_address).
   virtual std::string server_host() const { return ""; }
 
-  // Default deadline for get() and wait().
-  std::chrono::milliseconds timeout() const { return timeout_; }
-  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // Default deadline for get() and wait(). Safe to change while other threads call the
+  // store: a call reads it once, when it starts.
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed));
+  }
+  void set_timeout(std::chrono::milliseconds timeout) {
+    timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
+  }
 
   // Convenience for text values.
   void set(const std::string& key, const std::string& value) {
@@ -69,8 +77,8 @@ class Store {
     return std::string(b.begin(), b.end());
   }
 
- protected:
-  std::chrono::milliseconds timeout_{std::chrono::seconds(300)};
+ private:
+  std::atomic<int64_t> timeout_ms_{300000};
 };
 
 // A store held in this process's memory. For ranks that are threads of one process
@@ -175,7 +183,7 @@ class TcpStoreServer {
 class TcpStore : public Store {
  public:
   TcpStore(const std::string& host, uint16_t port,
-           std::chrono::milliseconds connect_timeout = std::chrono::seconds(120),
+           std::chrono::milliseconds connect_timeout = kDefaultConnectTimeout,
            std::optional<std::string> job_token = std::nullopt);
   ~TcpStore() override;
   void set(const std::string& key, const Bytes& value) override;
@@ -203,7 +211,10 @@ class TcpStore : public Store {
 // 127.0.0.1:29500); each of the two falls back on its own. Throws ConfigError naming
 // the variable for a bad port. When `rank` is 0 and no launcher hosts the store
 // (CHORUS_STORE_HOSTED unset), a TcpStoreServer is started there first and kept
-// alive as long as the returned store. The store's timeout is the connect timeout.
+// alive as long as the returned store. The store's timeout, and the deadline of
+// connecting to it, is `connect_timeout` (CHORUS_CONNECT_TIMEOUT, default 120 s, when
+// not given; Communicator::from_env passes its CommOptions::connect_timeout).
 std::shared_ptr<Store> store_from_env(int rank);
+std::shared_ptr<Store> store_from_env(int rank, std::chrono::milliseconds connect_timeout);
 
 }  // namespace chorus

@@ -5,6 +5,7 @@
 
 #include "chorus/error.h"
 #include "comm/common/deadline.h"
+#include "comm/common/settings.h"
 #include "comm/common/socket.h"
 
 namespace chorus::run {
@@ -15,8 +16,8 @@ constexpr std::chrono::milliseconds kSlice{100};
 // The job token the store is guarded with: CHORUS_JOB_TOKEN when set, else the rdzv id,
 // the rule by which the workers get theirs (worker_env in supervisor.cc).
 std::string job_token(const LaunchOptions& options) {
-  const char* token = std::getenv("CHORUS_JOB_TOKEN");
-  return token != nullptr ? token : options.rdzv_id;
+  std::string token = settings::job_token();
+  return token.empty() ? options.rdzv_id : token;
 }
 
 // A port free on `host` and on the wildcard address. A port taken on another local

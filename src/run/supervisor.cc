@@ -142,8 +142,9 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
   env["TORCHELASTIC_MAX_RESTARTS"] = env["CHORUS_MAX_RESTARTS"];
   env["TORCHELASTIC_RUN_ID"] = o.rdzv_id;
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
-  // The job id is the job token unless the user set one.
-  if (env.find("CHORUS_JOB_TOKEN") == env.end()) env["CHORUS_JOB_TOKEN"] = o.rdzv_id;
+  // The job id is the job token unless the user set one (empty counts as unset, as in
+  // settings::job_token()).
+  if (env["CHORUS_JOB_TOKEN"].empty()) env["CHORUS_JOB_TOKEN"] = o.rdzv_id;
   if (env.find("OMP_NUM_THREADS") == env.end()) {
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1, cpus / o.nproc_per_node));
   }
@@ -231,7 +232,7 @@ std::optional<json> Attempt::run(const std::vector<WorkerSpec>& specs) {
 // several nodes needs a secret the nodes share: its token is the rdzv id unless
 // CHORUS_JOB_TOKEN is set, and the default id is no secret, which is said once.
 static void choose_job_token(const LaunchOptions& o) {
-  if (std::getenv("CHORUS_JOB_TOKEN") != nullptr) return;
+  if (!settings::job_token().empty()) return;
   auto source = o.source.find("rdzv_id");
   const bool default_id = source == o.source.end() || source->second == "default";
   if (o.standalone && default_id) {

@@ -252,6 +252,29 @@ TEST(ProcessTest, StaleSegmentsOfDeadJobsAreRemoved) {
   EXPECT_TRUE(job.leftover_segments().empty());
 }
 
+// CHORUS_DEBUG=INFO: every rank says how its communicator was set up (as NCCL_DEBUG=INFO
+// does at init), and nothing is said without it.
+TEST(ProcessTest, DebugInfoMakesEveryRankDescribeItsCommunicator) {
+  for (const char* debug : {"INFO", "OFF"}) {
+    Job job(3, {"allreduce-loop", "2", "1000"}, {{"CHORUS_DEBUG", debug}});
+    for (int r = 0; r < job.size(); ++r) {
+      ASSERT_TRUE(job.rank(r).wait_for(seconds(120))) << job.outputs();
+      EXPECT_EQ(job.rank(r).exit_code(), 0) << job.outputs();
+      const std::string err = job.rank(r).stderr_text();
+      const std::string line = "communicator set up on rank " + std::to_string(r) + " of 3 (host ";
+      if (std::string(debug) == "INFO") {
+        EXPECT_TRUE(contains(err, line)) << err;
+        EXPECT_TRUE(contains(err, ": 3 ranks on 1 node(s), 3 on this one, which talk over " +
+                                      std::string(over_shm() ? "shared memory" : "tcp")))
+            << err;
+        EXPECT_TRUE(contains(err, ", reduce kernels ")) << err;
+      } else {
+        EXPECT_FALSE(contains(err, "communicator set up on")) << err;
+      }
+    }
+  }
+}
+
 void expect_env_error(const std::map<std::string, std::string>& env,
                       const std::vector<std::string>& unset) {
   test::SpawnOptions options;

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "chorus/error.h"
-#include "comm/core/reduce.h"
-#include "comm/core/reduce_kernels.h"
+#include "comm/reduce/reduce.h"
+#include "comm/reduce/kernels.h"
 
 namespace chorus {
 namespace {

@@ -12,6 +12,7 @@
 #include "chorus/error.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "comm/reduce/reduce.h"
 
 namespace chorus {
 namespace {
@@ -47,7 +48,7 @@ const char* kVars[] = {"CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CHORUS_CONNECT_TI
                        "WORLD_SIZE", "CHORUS_JOB_TOKEN", "CHORUS_SEGMENT_BYTES",
                        "CHORUS_SHM_CMA", "MASTER_ADDR", "CHORUS_STORE_ADDR",
                        "CHORUS_STORE_PORT", "CHORUS_LOG_LEVEL", "CHORUS_REDUCE_ISA",
-                       "CHORUS_TRACE_BUFFER_SIZE", "CHORUS_RESTART_COUNT"};
+                       "CHORUS_TRACE_BUFFER_SIZE", "CHORUS_RESTART_COUNT", "CHORUS_DEBUG"};
 
 class SettingsTest : public ::testing::Test {
  protected:
@@ -78,6 +79,31 @@ TEST_F(SettingsTest, DefaultsOfAnEmptyEnvironment) {
   EXPECT_EQ(o.algorithm, Algorithm::kAuto);
   EXPECT_EQ(o.job_token, "");
   EXPECT_EQ(o.listen_address, "");
+}
+
+// CHORUS_DEBUG=INFO or DETAIL makes info the default log level (as TORCH_DISTRIBUTED_DEBUG
+// does); CHORUS_LOG_LEVEL, when set, still decides. Only DETAIL checks consistency.
+TEST_F(SettingsTest, DebugInfoAndDetailRaiseTheDefaultLogLevel) {
+  EXPECT_EQ(settings::debug_mode(), settings::DebugMode::kOff);
+  EXPECT_EQ(settings::log_level(), 1);
+  for (const char* info : {"INFO", "info", "Info"}) {
+    env_.set("CHORUS_DEBUG", info);
+    EXPECT_EQ(settings::debug_mode(), settings::DebugMode::kInfo) << info;
+    EXPECT_EQ(settings::log_level(), 2) << info;
+    EXPECT_FALSE(CommOptions::from_env().check_consistency) << info;
+  }
+  env_.set("CHORUS_DEBUG", "detail");
+  EXPECT_EQ(settings::debug_mode(), settings::DebugMode::kDetail);
+  EXPECT_EQ(settings::log_level(), 2);
+  EXPECT_TRUE(CommOptions::from_env().check_consistency);
+  env_.set("CHORUS_LOG_LEVEL", "error");
+  EXPECT_EQ(settings::log_level(), 0);
+  env_.set("CHORUS_DEBUG", "verbose");
+  EXPECT_EQ(settings::log_level(), 0) << "CHORUS_LOG_LEVEL decides when it is set";
+  const std::string msg = error_of([] { settings::debug_mode(); });
+  EXPECT_NE(msg.find("CHORUS_DEBUG='VERBOSE' is not one of OFF, INFO, DETAIL"), std::string::npos) << msg;
+  env_.set("CHORUS_LOG_LEVEL", nullptr);
+  EXPECT_NE(error_of([] { settings::log_level(); }).find("CHORUS_DEBUG"), std::string::npos);
 }
 
 TEST_F(SettingsTest, DurationsAcceptSecondsAndSuffixes) {
@@ -133,11 +159,12 @@ TEST_F(SettingsTest, EveryBadValueIsAnErrorNamingTheVariable) {
   msg = error_of([] { CommOptions::from_env(); });
   EXPECT_NE(msg.find("CHORUS_REDUCE_ISA='foo'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("auto, portable, avx2, avx512"), std::string::npos) << msg;
-  msg = error_of([] { settings::reduce_isa(); });
-  EXPECT_NE(msg.find("CHORUS_REDUCE_ISA"), std::string::npos) << msg;
+  msg = error_of([] { parse_reduce_isa(settings::reduce_isa()); });
+  EXPECT_NE(msg.find("CHORUS_REDUCE_ISA='foo'"), std::string::npos) << msg;
   for (const char* good : {"auto", "portable", "avx2", "avx512"}) {
     env_.set("CHORUS_REDUCE_ISA", good);
     EXPECT_EQ(settings::reduce_isa(), good);
+    EXPECT_EQ(error_of([] { CommOptions::from_env(); }), "<no ConfigError>") << good;
   }
   env_.set("CHORUS_REDUCE_ISA", nullptr);
 
@@ -194,7 +221,7 @@ TEST_F(SettingsTest, StoreAddressFallsBackOnTheMasterAddress) {
 }
 
 TEST_F(SettingsTest, SegmentBytesTakeSuffixesAndABoundedRange) {
-  EXPECT_EQ(settings::segment_bytes(), int64_t{2} << 20);
+  EXPECT_EQ(settings::segment_bytes(), std::nullopt);
   EXPECT_EQ(CommOptions::from_env().segment_bytes, size_t{2} << 20);
   env_.set("CHORUS_SEGMENT_BYTES", "65536");
   EXPECT_EQ(settings::segment_bytes(), 65536);

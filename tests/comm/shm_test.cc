@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "chorus/chorus.h"
-#include "comm/core/topology.h"
+#include "comm/transport/topology.h"
 #include "comm/transport/shm/shm_group.h"
 #include "util/ranks.h"
 

@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "chorus/communicator.h"
 #include "chorus/error.h"
 #include "comm/common/auth.h"
 #include "comm/common/logging.h"
@@ -1037,6 +1038,36 @@ TEST(StoreFromEnvTest, HostedStoreIsNotStartedByRankZero) {
   auto store = store_from_env(0);  // would fail with "address already in use" if it hosted
   store->set("k", std::string("v"));
   EXPECT_TRUE(eventually([&] { return launcher.num_clients() == 1; }));
+}
+
+// Communicator::from_env uses its options' connect_timeout for the store, not
+// CHORUS_CONNECT_TIMEOUT: rank 1 of 2 waits for rank 0's address (rank 0 never comes)
+// and times out after the 700 ms it was given, not the variable's 100 s.
+TEST(StoreFromEnvTest, CommunicatorFromEnvUsesItsOptionsConnectTimeout) {
+  ScopedEnv env;
+  TcpStoreServer launcher(kLoopback, 0);
+  env.set("MASTER_ADDR", kLoopback);
+  env.set("MASTER_PORT", std::to_string(launcher.port()));
+  env.set("CHORUS_STORE_HOSTED", "1");
+  env.set("CHORUS_CONNECT_TIMEOUT", "100");
+  env.set("RANK", "1");
+  env.set("WORLD_SIZE", "2");
+  env.set("CHORUS_IF_IP", kLoopback);
+  env.unset("CHORUS_RESTART_COUNT");
+  EXPECT_EQ(store_from_env(1, std::chrono::milliseconds(1500))->timeout(), 1500ms);
+  CommOptions options = CommOptions::from_env();
+  options.connect_timeout = 700ms;
+  auto done = std::async(std::launch::async, [options] {
+    try {
+      Communicator::from_env(options);
+      return std::string("created");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  });
+  ASSERT_EQ(done.wait_for(kTestDeadline), std::future_status::ready);
+  const std::string message = done.get();
+  EXPECT_TRUE(contains(message, "timed out after 700 ms")) << message;
 }
 
 TEST(StoreFromEnvTest, PortInUseIsReportedWithTheAddress) {

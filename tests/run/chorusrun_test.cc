@@ -160,6 +160,28 @@ TEST(Chorusrun, StatusLinesOfWorkersAreRedrawnOnATerminalOnly) {
   EXPECT_FALSE(contains(out, "\r")) << out;
 }
 
+// CHORUS_JOB_TOKEN set to "" counts as unset, for the launcher and its workers alike: a
+// standalone job gets a fresh random token (64 hex digits), and a job with an rdzv id
+// uses the id, so the workers still authenticate to the launchers' store.
+TEST(Chorusrun, AnEmptyJobTokenCountsAsUnset) {
+  auto standalone = launcher({"--standalone", "--nproc-per-node", "2", kScripted, "env-dump"},
+                             {{"CHORUS_JOB_TOKEN", ""}});
+  ASSERT_TRUE(standalone->wait_for(120s)) << standalone->output_text();
+  EXPECT_EQ(standalone->exit_code(), 0) << standalone->output_text();
+  const std::string out = standalone->stdout_text();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("CHORUS_JOB_TOKEN=([0-9a-f]*)\n"))) << out;
+  EXPECT_EQ(m[1].length(), 64) << out;
+
+  uint16_t port = test::pick_free_port();
+  auto with_id = launcher({"--nproc-per-node", "2", "--master-port", std::to_string(port), "--rdzv-id",
+                           "job-" + std::to_string(port), kWorker, "allreduce-loop", "2", "100"},
+                          {{"CHORUS_JOB_TOKEN", ""}});
+  ASSERT_TRUE(with_id->wait_for(120s)) << with_id->output_text();
+  EXPECT_EQ(with_id->exit_code(), 0) << with_id->output_text();
+  EXPECT_EQ(count(with_id->stdout_text(), "ok"), 2u) << with_id->output_text();
+}
+
 TEST(Chorusrun, OneNodeTwoWorkers) {
   uint16_t port = test::pick_free_port();
   auto run = launcher({"--nproc-per-node", "2", "--master-port", std::to_string(port), "--tee",

@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "chorus/communicator.h"
+#include "chorus/topology.h"
 #include "chorus/types.h"
-#include "comm/core/reduce.h"
+#include "comm/reduce/reduce.h"
 #include "comm/transport/transport.h"
 
 namespace chorus::transport::shm {

@@ -4,7 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "chorus/communicator.h"
+#include "chorus/defaults.h"
 #include "chorus/error.h"
 
 namespace chorus::settings {
@@ -83,11 +83,11 @@ milliseconds parse_duration(const std::string& name, const std::string& value, m
   return milliseconds(static_cast<int64_t>(n * scale_ms + 0.5));
 }
 
-int64_t segment_bytes() {
+std::optional<int64_t> segment_bytes() {
   constexpr const char* kName = "CHORUS_SEGMENT_BYTES";
   constexpr int64_t kMin = int64_t{4} << 10, kMax = int64_t{1} << 30;
   auto v = required_value(kName);
-  if (!v) return static_cast<int64_t>(kDefaultSegmentBytes);
+  if (!v) return std::nullopt;
   std::string digits = *v;
   int shift = 0;
   switch (digits.back()) {
@@ -111,19 +111,21 @@ int64_t segment_bytes() {
 
 int64_t trace_buffer_size() {
   auto v = required_value("CHORUS_TRACE_BUFFER_SIZE");
-  return v ? parse_int("CHORUS_TRACE_BUFFER_SIZE", *v, 0, 1000000) : 256;
+  return v ? parse_int("CHORUS_TRACE_BUFFER_SIZE", *v, 0, 1000000) : static_cast<int64_t>(kDefaultTraceBufferSize);
 }
 
 std::string trace_dir() { return get_env("CHORUS_TRACE_DIR").value_or(""); }
 
-bool debug_detail() {
+DebugMode debug_mode() {
   std::string v = get_env("CHORUS_DEBUG").value_or("OFF");
   for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (v != "OFF" && v != "INFO" && v != "DETAIL") {
-    throw ConfigError("CHORUS_DEBUG='" + v + "' is not one of OFF, INFO, DETAIL");
-  }
-  return v == "DETAIL";
+  if (v == "OFF") return DebugMode::kOff;
+  if (v == "INFO") return DebugMode::kInfo;
+  if (v == "DETAIL") return DebugMode::kDetail;
+  throw ConfigError("CHORUS_DEBUG='" + v + "' is not one of OFF, INFO, DETAIL");
 }
+
+bool debug_detail() { return debug_mode() == DebugMode::kDetail; }
 
 std::string cost_model() { return get_env("CHORUS_COST_MODEL").value_or(""); }
 
@@ -146,12 +148,12 @@ std::string transport() {
 }
 
 milliseconds op_timeout() {
-  return duration_setting("CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", std::chrono::minutes(30));
+  return duration_setting("CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", kDefaultTimeout);
 }
 
 milliseconds connect_timeout() {
   return duration_setting("CHORUS_CONNECT_TIMEOUT", "HCCL_CONNECT_TIMEOUT",
-                          std::chrono::seconds(120));
+                          kDefaultConnectTimeout);
 }
 
 std::string job_token() { return get_env("CHORUS_JOB_TOKEN").value_or(""); }
@@ -242,7 +244,7 @@ int restart_count() {
 
 int log_level() {
   auto v = get_env("CHORUS_LOG_LEVEL");
-  if (!v) return 1;
+  if (!v) return debug_mode() == DebugMode::kOff ? 1 : 2;
   if (*v == "error") return 0;
   if (*v == "warn") return 1;
   if (*v == "info") return 2;
@@ -250,12 +252,6 @@ int log_level() {
   throw ConfigError("CHORUS_LOG_LEVEL='" + *v + "' is not one of error, warn, info, debug");
 }
 
-std::string reduce_isa() {
-  std::string v = get_env("CHORUS_REDUCE_ISA").value_or("auto");
-  if (v != "auto" && v != "portable" && v != "avx2" && v != "avx512") {
-    throw ConfigError("CHORUS_REDUCE_ISA='" + v + "' is not one of auto, portable, avx2, avx512");
-  }
-  return v;
-}
+std::string reduce_isa() { return get_env("CHORUS_REDUCE_ISA").value_or("auto"); }
 
 }  // namespace chorus::settings

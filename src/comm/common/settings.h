@@ -15,7 +15,8 @@ namespace chorus::settings {
 std::chrono::milliseconds op_timeout();
 // CHORUS_CONNECT_TIMEOUT, else HCCL_CONNECT_TIMEOUT (seconds), default 120 s.
 std::chrono::milliseconds connect_timeout();
-// CHORUS_JOB_TOKEN, default empty.
+// CHORUS_JOB_TOKEN; empty when unset or set to "" (both mean: no token of your own;
+// chorusrun then picks one, see run/supervisor.cc).
 std::string job_token();
 // The allow-list of peer addresses (comm/common/allowlist.h): CHORUS_WHITELIST_FILE,
 // else HCCL_WHITELIST_FILE unless HCCL_WHITELIST_DISABLE=1. nullopt when every address
@@ -65,27 +66,33 @@ std::string transport();
 std::string cost_model();
 
 // CHORUS_SEGMENT_BYTES: pipelining unit of the ring and chain algorithms, bytes, with
-// an optional K, M or G suffix (powers of 1024); 4 KiB to 1 GiB, default 2 MiB.
-int64_t segment_bytes();
+// an optional K, M or G suffix (powers of 1024); 4 KiB to 1 GiB. Unset: nullopt, and
+// CommOptions keeps its default (kDefaultSegmentBytes, chorus/communicator.h).
+std::optional<int64_t> segment_bytes();
 // CHORUS_SHM_CMA: 1 (default) lets the ranks of a node of two read each other's
 // buffers with process_vm_readv where the kernel allows it; `all` also in larger
 // nodes; 0 keeps every byte in the segment. Returns 0, 1 or 2 (all).
 int shm_cma();
-// CHORUS_DEBUG: OFF (default) | INFO | DETAIL. DETAIL compares every collective's
-// fingerprint across ranks before it runs.
-bool debug_detail();
+// CHORUS_DEBUG: OFF (default) | INFO | DETAIL, any case, as TORCH_DISTRIBUTED_DEBUG:
+// INFO makes info the default log level (each communicator then says how it was set
+// up); DETAIL does too, and compares every collective's fingerprint across ranks before
+// it runs.
+enum class DebugMode { kOff, kInfo, kDetail };
+DebugMode debug_mode();
+bool debug_detail();  // debug_mode() == kDetail
 // CHORUS_TRACE_BUFFER_SIZE: operations each communicator's flight recorder keeps
 // (default 256, 0 turns it off). CHORUS_TRACE_DIR: where it writes them on a timeout or
 // abort (empty: stderr).
 int64_t trace_buffer_size();
 std::string trace_dir();
-// CHORUS_LOG_LEVEL: error | warn | info | debug, default warn.
+// CHORUS_LOG_LEVEL: error | warn | info | debug; default warn, or info when CHORUS_DEBUG
+// is INFO or DETAIL.
 int log_level();
-// CHORUS_REDUCE_ISA: auto | portable | avx2 | avx512, default auto: the instruction
-// set of the reduction kernels. Any other value throws ConfigError. CommOptions::from_env()
-// and Communicator::create() read it (and CHORUS_LOG_LEVEL), so that a bad value fails
-// where the communicator is made, not on a progress thread; a set ISA the CPU lacks is
-// logged once by reduce.cc and replaced by the best one it has.
+// CHORUS_REDUCE_ISA, default auto: the instruction set of the reduction kernels, as
+// set. Its names are checked by parse_reduce_isa (comm/reduce/reduce.h, the layer that
+// knows them): CommOptions::from_env() and Communicator::create() do so, so that a bad
+// value fails (ConfigError) where the communicator is made, not on a progress thread; a
+// set ISA the CPU lacks is logged once by reduce.cc and replaced by the best one it has.
 std::string reduce_isa();
 
 // Helpers shared by the accessors, exposed for tests.

@@ -7,7 +7,7 @@
 #include "chorus/error.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/core/communicator_impl.h"
-#include "comm/core/validate.h"
+#include "comm/reduce/validate.h"
 
 namespace chorus::internal {
 
@@ -116,9 +116,7 @@ Work CommunicatorImpl::reduce(const void* send, void* recv, size_t count, DataTy
 
 Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, DataType dtype) {
   Validator v("allgather", rank_, size_);
-  v.bytes(count, dtype, "count");
-  if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
-  size_t total_bytes = v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  size_t total_bytes = v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for("allgather", total_bytes);
@@ -164,10 +162,8 @@ Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* rec
 Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_count,
                                       DataType dtype, ReduceOp op) {
   Validator v("reduce_scatter", rank_, size_);
-  v.bytes(recv_count, dtype, "recv_count");
-  if (recv_count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("recv_count * size overflows");
+  size_t total_bytes = v.blocks_bytes(recv_count, dtype, "recv_count");
   size_t total = recv_count * static_cast<size_t>(size_);
-  size_t total_bytes = v.bytes(total, dtype, "recv_count * size");
   v.buffer(send, total, "send");
   v.buffer(recv, recv_count, "recv");
   check_op(v, op);
@@ -184,9 +180,7 @@ Work CommunicatorImpl::gather(const void* send, void* recv, size_t count, DataTy
                               int root) {
   Validator v("gather", rank_, size_);
   v.root(root);
-  v.bytes(count, dtype, "count");
-  if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
-  v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   if (rank_ == root) v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for("gather", count * dtype_size(dtype));
@@ -200,9 +194,7 @@ Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataT
                                int root) {
   Validator v("scatter", rank_, size_);
   v.root(root);
-  v.bytes(count, dtype, "count");
-  if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
-  v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  v.blocks_bytes(count, dtype, "count");
   if (rank_ == root) v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for("scatter", count * dtype_size(dtype));
@@ -214,9 +206,7 @@ Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataT
 
 Work CommunicatorImpl::alltoall(const void* send, void* recv, size_t count, DataType dtype) {
   Validator v("alltoall", rank_, size_);
-  v.bytes(count, dtype, "count");
-  if (count > SIZE_MAX / static_cast<size_t>(size_)) v.fail("count * size overflows");
-  size_t total_bytes = v.bytes(count * static_cast<size_t>(size_), dtype, "count * size");
+  size_t total_bytes = v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for("alltoall", total_bytes);

@@ -14,10 +14,10 @@
 #include "comm/common/socket.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/core/cost_model.h"
-#include "comm/core/reduce.h"
-#include "comm/core/topology.h"
+#include "comm/reduce/reduce.h"
 #include "comm/store/key_ledger.h"
 #include "comm/transport/tcp/tcp_transport.h"
+#include "comm/transport/topology.h"
 
 namespace chorus {
 namespace internal {
@@ -76,6 +76,14 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   cost_ = parse_cost_params(settings::cost_model());
   finish_creation(*ledger);
   thread_ = std::thread([this] { progress_loop(); });
+  // CHORUS_DEBUG=INFO (or CHORUS_LOG_LEVEL=info): how this communicator was set up.
+  CHORUS_LOG(kInfo, "communicator set up on " << where() << ": "
+                                     << size_ << " ranks on " << topology_.nodes << " node(s), "
+                                     << topology_.local_size << " on this one, which talk over "
+                                     << (shm_ ? "shared memory" : "tcp") << "; algorithm "
+                                     << algorithm_name(options_.algorithm) << ", reduce kernels "
+                                     << reduce_isa_name(reduce_isa()) << ", timeout "
+                                     << options_.timeout.count() << " ms");
 }
 
 void CommunicatorImpl::finish_creation(KeyLedger& ledger) {
@@ -566,16 +574,23 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
                                                       std::move(options));
 }
 
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank,
+                                                   int size) {
+  return create(std::move(store), rank, size, CommOptions::from_env());
+}
+
+std::shared_ptr<Communicator> Communicator::from_env() { return from_env(CommOptions::from_env()); }
+
 std::shared_ptr<Communicator> Communicator::from_env(CommOptions options) {
   int size = settings::world_size();
   int rank = settings::rank();
-  std::shared_ptr<Store> store = store_from_env(rank);
+  std::shared_ptr<Store> store = store_from_env(rank, options.connect_timeout);
   // A launcher that restarts the job keeps its store: each attempt meets under its own
   // prefix, so no rank reads an address a dead attempt published.
   int attempt = settings::restart_count();
   if (attempt > 0) {
     store = std::make_shared<PrefixStore>("attempt" + std::to_string(attempt), store);
-    store->set_timeout(settings::connect_timeout());
+    store->set_timeout(options.connect_timeout);
   }
   return create(std::move(store), rank, size, std::move(options));
 }

@@ -2,8 +2,21 @@
 #include "chorus/error.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "comm/reduce/reduce.h"
 
 namespace chorus {
+
+const char* algorithm_name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kRecursiveDoubling: return "rd";
+    case Algorithm::kHalvingDoubling: return "hd";
+    case Algorithm::kShmDirect: return "shm";
+    case Algorithm::kHierarchical: return "hier";
+  }
+  return "?";
+}
 
 namespace {
 Algorithm parse_algorithm(const std::string& name) {
@@ -28,7 +41,7 @@ CommOptions CommOptions::from_env() {
   // Read for their checks only: logging and the reduction kernels take them themselves,
   // where a bad value could only be logged.
   settings::log_level();
-  settings::reduce_isa();
+  parse_reduce_isa(settings::reduce_isa());
   o.timeout = settings::op_timeout();
   o.connect_timeout = settings::connect_timeout();
   o.algorithm = parse_algorithm(settings::algorithm());
@@ -37,7 +50,7 @@ CommOptions CommOptions::from_env() {
   o.check_consistency = settings::debug_detail();
   o.trace_buffer_size = static_cast<size_t>(settings::trace_buffer_size());
   o.trace_dir = settings::trace_dir();
-  o.segment_bytes = static_cast<size_t>(settings::segment_bytes());
+  if (auto v = settings::segment_bytes()) o.segment_bytes = static_cast<size_t>(*v);
   o.job_token = settings::job_token();
   o.listen_address = settings::if_ip();
   if (o.listen_address.empty()) {

@@ -22,12 +22,15 @@ class HostingTcpStore : private ServerOwner, public TcpStore {
 }  // namespace
 
 std::shared_ptr<Store> store_from_env(int rank) {
+  return store_from_env(rank, settings::connect_timeout());
+}
+
+std::shared_ptr<Store> store_from_env(int rank, std::chrono::milliseconds connect_timeout) {
   if (rank < 0) {
     throw InvalidArgumentError("store_from_env: rank " + std::to_string(rank) + " is negative");
   }
   std::string host = settings::store_addr();
   uint16_t port = settings::store_port();
-  std::chrono::milliseconds connect_timeout = settings::connect_timeout();
   std::shared_ptr<Store> store;
   if (rank == 0 && !settings::store_hosted()) {
     // Bound to the store address itself, so the other ranks reach it where they look for it.

@@ -19,7 +19,7 @@ struct TcpOptions {
   std::string listen_address;  // IP to listen on and publish
   std::string comm_id;         // checked in the handshake
   std::string token;           // job token, proven (never sent) in the handshake
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
+  std::chrono::milliseconds connect_timeout{kDefaultConnectTimeout};
   // Addresses whose connections this rank accepts. Null: the one the environment names
   // (net::AllowList::from_env(): CHORUS_WHITELIST_FILE, HCCL_WHITELIST_FILE,
   // HCCL_WHITELIST_DISABLE).

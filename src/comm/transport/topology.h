@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "chorus/communicator.h"
 #include "chorus/store.h"
+#include "chorus/topology.h"
 
 namespace chorus::internal {
 

@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <string>
 
+#include <optional>
+#include <string>
+
 #include "chorus/types.h"
 
 namespace chorus {
@@ -15,7 +18,7 @@ namespace chorus {
 // float32 and round to nearest even once per element. min and max keep `a` when the
 // comparison is false (a NaN on either side, +0 against -0). A sum or product of two
 // NaNs is one of them, quieted: b's for f32, f64 and bf16, a's for f16 (see nan_from()
-// in reduce_kernels.h for why).
+// in kernels.h for why).
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t count);
 
 // out = (...((src[0] (op) src[1]) (op) src[2]) ...) (op) src[k - 1], element-wise, for
@@ -57,10 +60,15 @@ const char* reduce_isa_name(ReduceIsa isa);
 // Whether this CPU (and its operating system) can run the kernels of `isa`.
 bool reduce_isa_supported(ReduceIsa isa);
 
-// The instruction set that `requested` ("auto", "portable", "avx2", "avx512") names on
-// this CPU: "auto" is the best supported one; an unsupported one falls back to the best
-// supported one and logs a warning; an unknown name logs an error and means "auto".
-// Exposed for tests; reduce_isa() applies it to CHORUS_REDUCE_ISA.
+// The instruction set a CHORUS_REDUCE_ISA value names: "portable", "avx2", "avx512", or
+// nullopt for "auto". Any other value throws ConfigError naming the variable and the
+// choices. The one list of the names (settings::reduce_isa() only reads the variable).
+std::optional<ReduceIsa> parse_reduce_isa(const std::string& name);
+
+// The instruction set that `requested` (a value parse_reduce_isa accepts) names on this
+// CPU: "auto" is the best supported one; an unsupported one falls back to the best
+// supported one and logs a warning. Exposed for tests; reduce_isa() applies it to
+// CHORUS_REDUCE_ISA.
 ReduceIsa resolve_reduce_isa(const std::string& requested);
 
 // The instruction set of reduce_function(dtype, op): CHORUS_REDUCE_ISA resolved as

@@ -3,7 +3,7 @@
 // TARGET_AVX2 use AVX2, and reduce.cc hands them out only on CPUs that have it.
 // Everything here has internal linkage, so that no AVX2 copy of an inline function can
 // stand in for the baseline one elsewhere.
-#include "comm/core/reduce_kernels.h"
+#include "comm/reduce/kernels.h"
 
 #if defined(__x86_64__)
 
@@ -162,7 +162,7 @@ struct Max {
   }
 };
 
-// keep_nan of reduce_kernels.h on vectors: lanes where `chosen` is a NaN get it quieted.
+// keep_nan of kernels.h on vectors: lanes where `chosen` is a NaN get it quieted.
 TARGET_AVX2 __m256 keep_nan(__m256 chosen, __m256 result) {
   __m256 quiet = _mm256_or_ps(chosen, _mm256_castsi256_ps(_mm256_set1_epi32(1 << 22)));
   return _mm256_blendv_ps(result, quiet, _mm256_cmp_ps(chosen, chosen, _CMP_UNORD_Q));
@@ -173,82 +173,15 @@ TARGET_AVX2 __m256d keep_nan(__m256d chosen, __m256d result) {
   return _mm256_blendv_pd(result, quiet, _mm256_cmp_pd(chosen, chosen, _CMP_UNORD_Q));
 }
 
-template <class Type>
-constexpr bool kFloating = std::is_base_of_v<Ps, Type> || std::is_base_of_v<Pd, Type>;
-
-// One vector of results. Both inputs are loaded before the store, so `o` may alias
-// `x` or `y` exactly.
-template <class Type, class Op, class V>
-TARGET_AVX2 V combine(V u, V v) {
-  V r = Op::apply(Type{}, u, v);
-  if constexpr (Op::kArithmetic && kFloating<Type>) {
-    r = keep_nan(Type::kNanFrom == NanFrom::kA ? u : v, r);
-  }
-  return r;
-}
-
-template <class Type, class Op>
-TARGET_AVX2 void step(typename Type::Elem* o, const typename Type::Elem* x,
-                      const typename Type::Elem* y) {
-  Type::store(o, combine<Type, Op>(Type::load(x), Type::load(y)));
-}
-
-// The last n < kLanes elements, through the same vector code on zero-padded copies, so
-// that they are computed exactly like the others.
-template <class Type, class Op>
-TARGET_AVX2 void step_partial(typename Type::Elem* o, const typename Type::Elem* x,
-                              const typename Type::Elem* y, size_t n) {
-  using Elem = typename Type::Elem;
-  Elem xs[Type::kLanes] = {}, ys[Type::kLanes] = {}, os[Type::kLanes];
-  std::memcpy(xs, x, n * sizeof(Elem));
-  std::memcpy(ys, y, n * sizeof(Elem));
-  step<Type, Op>(os, xs, ys);
-  std::memcpy(o, os, n * sizeof(Elem));
-}
-
-template <class Type, class Op>
-TARGET_AVX2 void reduce(void* out, const void* a, const void* b, size_t n) {
-  using Elem = typename Type::Elem;
-  Elem* o = static_cast<Elem*>(out);
-  const Elem* x = static_cast<const Elem*>(a);
-  const Elem* y = static_cast<const Elem*>(b);
-  size_t i = 0;
-  for (; i + Type::kLanes <= n; i += Type::kLanes) step<Type, Op>(o + i, x + i, y + i);
-  if (i < n) step_partial<Type, Op>(o + i, x + i, y + i, n - i);
-}
-
 #define CHORUS_REDUCE_TARGET TARGET_AVX2
-#include "comm/core/reduce_many_loops.h"
+#include "comm/reduce/vector_loops.h"
 #undef CHORUS_REDUCE_TARGET
-
-struct Avx2 {
-  using F32 = reduce_internal::F32;
-  using F64 = reduce_internal::F64;
-  using F16 = reduce_internal::F16;
-  using BF16 = reduce_internal::BF16;
-  using I8 = Int<int8_t, Epi8>;
-  using U8 = Int<uint8_t, Epu8>;
-  using I32 = Int<int32_t, Epi32>;
-  using I64 = Int<int64_t, Epi64>;
-  using Sum = reduce_internal::Sum;
-  using Prod = reduce_internal::Prod;
-  using Min = reduce_internal::Min;
-  using Max = reduce_internal::Max;
-  template <class Type, class Op>
-  static ReduceFn kernel() {
-    return reduce<Type, Op>;
-  }
-  template <class Type, class Op>
-  static ReduceManyFn many() {
-    return reduce_many<Type, Op>;
-  }
-};
 
 }  // namespace
 
-ReduceFn avx2_kernel(DataType dtype, ReduceOp op) { return select_kernel<Avx2>(dtype, op); }
+ReduceFn avx2_kernel(DataType dtype, ReduceOp op) { return select_kernel<Isa>(dtype, op); }
 ReduceManyFn avx2_many_kernel(DataType dtype, ReduceOp op) {
-  return select_kernel<Avx2, Many>(dtype, op);
+  return select_kernel<Isa, Many>(dtype, op);
 }
 
 }  // namespace chorus::reduce_internal

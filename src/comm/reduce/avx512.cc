@@ -3,8 +3,8 @@
 // TARGET_AVX512 use AVX-512, and reduce.cc hands them out only on CPUs that
 // have it. Everything here has internal linkage, so that no AVX-512 copy of an inline
 // function can stand in for the baseline one elsewhere. The structure is that of
-// reduce_avx2.cc, with twice the lanes and the native 64-bit min and max.
-#include "comm/core/reduce_kernels.h"
+// avx2.cc, with twice the lanes and the native 64-bit min and max.
+#include "comm/reduce/kernels.h"
 
 #if defined(__x86_64__)
 
@@ -50,7 +50,7 @@ struct F64 : Pd {
   TARGET_AVX512 static void store(double* p, __m512d v) { _mm512_storeu_pd(p, v); }
 };
 
-// As in reduce_avx2.cc: exact conversions, rounding to nearest even; a signaling NaN
+// As in avx2.cc: exact conversions, rounding to nearest even; a signaling NaN
 // is quieted on load, which float_to_half does on store anyway.
 struct F16 : Ps {
   using Elem = uint16_t;
@@ -65,7 +65,7 @@ struct F16 : Ps {
   }
 };
 
-// float_to_bfloat16 on 16 lanes (see reduce_avx2.cc).
+// float_to_bfloat16 on 16 lanes (see avx2.cc).
 TARGET_AVX512 __m512i round_to_bfloat16(__m512 v) {
   __m512i x = _mm512_castps_si512(v);
   __m512i upper = _mm512_srli_epi32(x, 16);
@@ -100,7 +100,7 @@ struct Int : Domain {
   TARGET_AVX512 static void store(T* p, __m512i v) { _mm512_storeu_si512(p, v); }
 };
 
-// 8-bit products through 16-bit ones (see reduce_avx2.cc).
+// 8-bit products through 16-bit ones (see avx2.cc).
 TARGET_AVX512 __m512i mullo_epi8(__m512i a, __m512i b) {
   __m512i even = _mm512_mullo_epi16(a, b);
   __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(a, 8), _mm512_srli_epi16(b, 8));
@@ -135,7 +135,7 @@ struct Prod {
   TARGET_AVX512 static __m512i apply(Epi64, __m512i a, __m512i b) { return mullo_epi64(a, b); }
 };
 
-// Float min and max take (b, a): see reduce_avx2.cc.
+// Float min and max take (b, a): see avx2.cc.
 struct Min {
   static constexpr bool kArithmetic = false;
   TARGET_AVX512 static __m512 apply(Ps, __m512 a, __m512 b) { return _mm512_min_ps(b, a); }
@@ -156,7 +156,7 @@ struct Max {
   TARGET_AVX512 static __m512i apply(Epi64, __m512i a, __m512i b) { return _mm512_max_epi64(a, b); }
 };
 
-// keep_nan of reduce_kernels.h on vectors: lanes where `chosen` is a NaN get it quieted.
+// keep_nan of kernels.h on vectors: lanes where `chosen` is a NaN get it quieted.
 TARGET_AVX512 __m512 keep_nan(__m512 chosen, __m512 result) {
   __mmask16 nan = _mm512_cmp_ps_mask(chosen, chosen, _CMP_UNORD_Q);
   __m512i quiet = _mm512_or_si512(_mm512_castps_si512(chosen), _mm512_set1_epi32(1 << 22));
@@ -169,82 +169,15 @@ TARGET_AVX512 __m512d keep_nan(__m512d chosen, __m512d result) {
   return _mm512_mask_blend_pd(nan, result, _mm512_castsi512_pd(quiet));
 }
 
-template <class Type>
-constexpr bool kFloating = std::is_base_of_v<Ps, Type> || std::is_base_of_v<Pd, Type>;
-
-// One vector of results. Both inputs are loaded before the store, so `o` may alias
-// `x` or `y` exactly.
-template <class Type, class Op, class V>
-TARGET_AVX512 V combine(V u, V v) {
-  V r = Op::apply(Type{}, u, v);
-  if constexpr (Op::kArithmetic && kFloating<Type>) {
-    r = keep_nan(Type::kNanFrom == NanFrom::kA ? u : v, r);
-  }
-  return r;
-}
-
-template <class Type, class Op>
-TARGET_AVX512 void step(typename Type::Elem* o, const typename Type::Elem* x,
-                        const typename Type::Elem* y) {
-  Type::store(o, combine<Type, Op>(Type::load(x), Type::load(y)));
-}
-
-// The last n < kLanes elements, through the same vector code on zero-padded copies, so
-// that they are computed exactly like the others.
-template <class Type, class Op>
-TARGET_AVX512 void step_partial(typename Type::Elem* o, const typename Type::Elem* x,
-                                const typename Type::Elem* y, size_t n) {
-  using Elem = typename Type::Elem;
-  Elem xs[Type::kLanes] = {}, ys[Type::kLanes] = {}, os[Type::kLanes];
-  std::memcpy(xs, x, n * sizeof(Elem));
-  std::memcpy(ys, y, n * sizeof(Elem));
-  step<Type, Op>(os, xs, ys);
-  std::memcpy(o, os, n * sizeof(Elem));
-}
-
-template <class Type, class Op>
-TARGET_AVX512 void reduce(void* out, const void* a, const void* b, size_t n) {
-  using Elem = typename Type::Elem;
-  Elem* o = static_cast<Elem*>(out);
-  const Elem* x = static_cast<const Elem*>(a);
-  const Elem* y = static_cast<const Elem*>(b);
-  size_t i = 0;
-  for (; i + Type::kLanes <= n; i += Type::kLanes) step<Type, Op>(o + i, x + i, y + i);
-  if (i < n) step_partial<Type, Op>(o + i, x + i, y + i, n - i);
-}
-
 #define CHORUS_REDUCE_TARGET TARGET_AVX512
-#include "comm/core/reduce_many_loops.h"
+#include "comm/reduce/vector_loops.h"
 #undef CHORUS_REDUCE_TARGET
-
-struct Avx512 {
-  using F32 = reduce_internal::F32;
-  using F64 = reduce_internal::F64;
-  using F16 = reduce_internal::F16;
-  using BF16 = reduce_internal::BF16;
-  using I8 = Int<int8_t, Epi8>;
-  using U8 = Int<uint8_t, Epu8>;
-  using I32 = Int<int32_t, Epi32>;
-  using I64 = Int<int64_t, Epi64>;
-  using Sum = reduce_internal::Sum;
-  using Prod = reduce_internal::Prod;
-  using Min = reduce_internal::Min;
-  using Max = reduce_internal::Max;
-  template <class Type, class Op>
-  static ReduceFn kernel() {
-    return reduce<Type, Op>;
-  }
-  template <class Type, class Op>
-  static ReduceManyFn many() {
-    return reduce_many<Type, Op>;
-  }
-};
 
 }  // namespace
 
-ReduceFn avx512_kernel(DataType dtype, ReduceOp op) { return select_kernel<Avx512>(dtype, op); }
+ReduceFn avx512_kernel(DataType dtype, ReduceOp op) { return select_kernel<Isa>(dtype, op); }
 ReduceManyFn avx512_many_kernel(DataType dtype, ReduceOp op) {
-  return select_kernel<Avx512, Many>(dtype, op);
+  return select_kernel<Isa, Many>(dtype, op);
 }
 
 }  // namespace chorus::reduce_internal

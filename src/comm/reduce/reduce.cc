@@ -1,4 +1,4 @@
-#include "comm/core/reduce.h"
+#include "comm/reduce/reduce.h"
 
 #include <cstring>
 
@@ -9,7 +9,7 @@
 #include "chorus/error.h"
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
-#include "comm/core/reduce_kernels.h"
+#include "comm/reduce/kernels.h"
 
 namespace chorus {
 
@@ -198,18 +198,24 @@ ReduceIsa best_supported_isa() {
 
 }  // namespace
 
-ReduceIsa resolve_reduce_isa(const std::string& requested) {
-  ReduceIsa best = best_supported_isa();
-  if (requested == "auto") return best;
+std::optional<ReduceIsa> parse_reduce_isa(const std::string& name) {
+  if (name == "auto") return std::nullopt;
+  std::string choices = "auto";
   for (ReduceIsa isa : kAllReduceIsas) {
-    if (requested != reduce_isa_name(isa)) continue;
-    if (reduce_isa_supported(isa)) return isa;
-    CHORUS_LOG(kWarn, "CHORUS_REDUCE_ISA=" << requested << ": this CPU does not support it; using "
-                                           << reduce_isa_name(best));
-    return best;
+    if (name == reduce_isa_name(isa)) return isa;
+    choices += std::string(", ") + reduce_isa_name(isa);
   }
-  throw ConfigError("CHORUS_REDUCE_ISA='" + requested +
-                    "' is not one of auto, portable, avx2, avx512");
+  throw ConfigError("CHORUS_REDUCE_ISA='" + name + "' is not one of " + choices);
+}
+
+ReduceIsa resolve_reduce_isa(const std::string& requested) {
+  const std::optional<ReduceIsa> named = parse_reduce_isa(requested);
+  ReduceIsa best = best_supported_isa();
+  if (!named) return best;
+  if (reduce_isa_supported(*named)) return *named;
+  CHORUS_LOG(kWarn, "CHORUS_REDUCE_ISA=" << requested << ": this CPU does not support it; using "
+                                         << reduce_isa_name(best));
+  return best;
 }
 
 // The CPU and the environment do not change while a process runs: decide once, and log

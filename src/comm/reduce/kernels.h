@@ -1,7 +1,7 @@
 // Internals of the reduction kernels behind reduce.h: the scalar operators and loop
 // shared by the reference and the portable kernels, the portable conversions, and the
-// kernel table of each instruction set (reduce_portable.cc, reduce_avx2.cc,
-// reduce_avx512.cc). Only those files, reduce.cc and tests include this header.
+// kernel table of each instruction set (portable.cc, avx2.cc,
+// avx512.cc). Only those files, reduce.cc and tests include this header.
 #pragma once
 
 #include <bit>
@@ -9,7 +9,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "comm/core/reduce.h"
+#include "comm/reduce/reduce.h"
 
 namespace chorus::reduce_internal {
 

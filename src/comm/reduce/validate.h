@@ -16,6 +16,9 @@ class Validator {
 
   // count * element size, or an error when it overflows or exceeds 2^62 bytes.
   size_t bytes(size_t count, DataType dtype, const char* what) const;
+  // One block of `count` elements per rank, count * size in bytes: the errors of
+  // bytes() for `what` and for "<what> * size", or when count * size overflows.
+  size_t blocks_bytes(size_t count, DataType dtype, const char* what) const;
   void buffer(const void* p, size_t count, const char* what) const;
   void root(int root) const;
   void peer(int peer) const;

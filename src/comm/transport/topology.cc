@@ -1,4 +1,4 @@
-#include "comm/core/topology.h"
+#include "comm/transport/topology.h"
 
 #include <unistd.h>
 

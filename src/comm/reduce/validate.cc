@@ -1,4 +1,4 @@
-#include "comm/core/validate.h"
+#include "comm/reduce/validate.h"
 
 #include <cstdint>
 #include <limits>
@@ -33,6 +33,13 @@ size_t Validator::bytes(size_t count, DataType dtype, const char* what) const {
          dtype_name(dtype) + " is " + size + ", above the limit of 2^62 bytes per buffer");
   }
   return count * elem;
+}
+
+size_t Validator::blocks_bytes(size_t count, DataType dtype, const char* what) const {
+  bytes(count, dtype, what);
+  const std::string blocks = std::string(what) + " * size";
+  if (count > SIZE_MAX / static_cast<size_t>(size_)) fail(blocks + " overflows");
+  return bytes(count * static_cast<size_t>(size_), dtype, blocks.c_str());
 }
 
 void Validator::buffer(const void* p, size_t count, const char* what) const {

@@ -1,8 +1,8 @@
 // The portable reduction kernels: the scalar loop of the reference, with f16 and bf16
-// converted by the branch-free functions of reduce_kernels.h instead, so that the
+// converted by the branch-free functions of kernels.h instead, so that the
 // compiler vectorizes every loop for the baseline target (SSE2 on x86-64, NEON on
 // AArch64). The native types' loops are the reference's own.
-#include "comm/core/reduce_kernels.h"
+#include "comm/reduce/kernels.h"
 
 namespace chorus::reduce_internal {
 namespace {

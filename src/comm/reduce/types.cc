@@ -1,7 +1,5 @@
+// Element types and reduction operators: sizes, names, parsing.
 #include "chorus/types.h"
-
-#include "chorus/communicator.h"
-#include "chorus/error.h"
 
 namespace chorus {
 
@@ -63,31 +61,6 @@ std::optional<ReduceOp> parse_op(std::string_view n) {
   if (n == "max") return ReduceOp::kMax;
   if (n == "avg") return ReduceOp::kAvg;
   return std::nullopt;
-}
-
-const char* error_kind_name(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kInvalidArgument: return "invalid argument";
-    case ErrorKind::kConfig: return "configuration";
-    case ErrorKind::kTimeout: return "timeout";
-    case ErrorKind::kPeer: return "peer failure";
-    case ErrorKind::kAborted: return "aborted";
-    case ErrorKind::kStore: return "store";
-    case ErrorKind::kSystem: return "system";
-  }
-  return "?";
-}
-
-const char* algorithm_name(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kRecursiveDoubling: return "rd";
-    case Algorithm::kHalvingDoubling: return "hd";
-    case Algorithm::kShmDirect: return "shm";
-    case Algorithm::kHierarchical: return "hier";
-  }
-  return "?";
 }
 
 }  // namespace chorus
