@@ -130,7 +130,7 @@ class PrefixStore : public Store {
   std::shared_ptr<Store> base_;
 };
 
-// Security of a TcpStoreServer (README, "Security").
+// Security of a TcpStoreServer (docs/security.md).
 struct TcpStoreServerOptions {
   // The job token every client must prove it holds (challenge and response; the token
   // is never sent). nullopt: CHORUS_JOB_TOKEN (empty when unset, which clients must

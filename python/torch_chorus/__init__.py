@@ -7,8 +7,8 @@
     dist.init_process_group(backend="chorus")          # env://, tcp:// or file://
 
 Collectives on CPU tensors then run on chorus's communicators (shared memory inside a
-node, tcp across nodes); only the rendezvous goes through torch's store. See the
-README ("PyTorch programs on chorus").
+node, tcp across nodes); only the rendezvous goes through torch's store. See
+docs/pytorch.md in chorus's repository.
 
 ``torch_chorus.register_as("hccl")`` also sends ``backend="hccl"`` (or any other
 name torch does not know) to chorus, for scripts written for another backend.

@@ -7,7 +7,7 @@
 // collectives-loop: every collective kind in turn, one stdout line per operation), waits
 // until the victim prints the chosen operation, waits a random 0-2 ms more, and kills or
 // stops it. Then every survivor must exit with the chorus::Error exit code (3) within its
-// deadline (5 s after a death: DESIGN.md's "within seconds for a dead process"; the
+// deadline (5 s after a death: docs/design.md's "within seconds for a dead process"; the
 // operation timeout after a stop), its error must name the operation it was in (and,
 // after a death, the dead rank), chorus-trace over the survivors' flight recorders must
 // name the victim as the rank without a trace, and no process nor shared-memory segment

@@ -1,4 +1,4 @@
-// Security (README, "Security"): the job token authenticates every store and data
+// Security (docs/security.md): the job token authenticates every store and data
 // connection by challenge and response without ever being sent; a connection that
 // does not prove it, speaks another protocol or stays silent is closed and logged with
 // its address and can touch no key; the allow-list of peer addresses

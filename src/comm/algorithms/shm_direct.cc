@@ -1,4 +1,4 @@
-// Direct shared-memory collectives for the ranks of one node (DESIGN.md, "direct
+// Direct shared-memory collectives for the ranks of one node (docs/design.md, "direct
 // shared memory"). Data goes through each rank's buffers in the group's segment in
 // chunks of at most one buffer, alternating between a rank's two buffers (see
 // shm_group.h for why that is safe); every chunk starts with "copy in, arrive, wait".

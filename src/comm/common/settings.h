@@ -1,5 +1,5 @@
 // Every environment variable chorus_comm reads, each through one accessor with one
-// documented default (the README's table lists them). A bad value throws ConfigError
+// documented default (docs/environment.md lists them). A bad value throws ConfigError
 // naming the variable and the value.
 #pragma once
 
