@@ -46,15 +46,36 @@ if ((nodes == 1)); then
   exec "$root/build/bin/chorusrun" --standalone --nproc-per-node "$nproc" --tee 3 \
     /usr/bin/python3 "$here/run_seed.py" "$script"
 fi
-# Several simulated nodes: one launcher each, meeting on a free port of 127.0.0.1.
-port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-pids=()
-for ((node = 0; node < nodes; node++)); do
-  CHORUS_NODE_ID="seed-node$node" "$root/build/bin/chorusrun" --nnodes "$nodes" --node-rank "$node" \
-    --master-addr 127.0.0.1 --master-port "$port" --nproc-per-node "$nproc" --tee 3 \
-    /usr/bin/python3 "$here/run_seed.py" "$script" &
-  pids+=($!)
+# Several simulated nodes: one launcher each, meeting on a free port of 127.0.0.1. The
+# port is picked here and bound by node 0's launcher a moment later; when something
+# else took it in between, node 0 fails at once ("address already in use") and the
+# others would wait out their connect timeout: they are stopped and all start again on
+# another port (three tries).
+node0_log=$(mktemp)
+trap 'rm -f "$node0_log"' EXIT
+for attempt in 1 2 3; do
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  pids=()
+  for ((node = 0; node < nodes; node++)); do
+    if ((node == 0)); then
+      CHORUS_NODE_ID="seed-node$node" "$root/build/bin/chorusrun" --nnodes "$nodes" --node-rank "$node" \
+        --master-addr 127.0.0.1 --master-port "$port" --nproc-per-node "$nproc" --tee 3 \
+        /usr/bin/python3 "$here/run_seed.py" "$script" 2> >(tee "$node0_log" >&2) &
+    else
+      CHORUS_NODE_ID="seed-node$node" "$root/build/bin/chorusrun" --nnodes "$nodes" --node-rank "$node" \
+        --master-addr 127.0.0.1 --master-port "$port" --nproc-per-node "$nproc" --tee 3 \
+        /usr/bin/python3 "$here/run_seed.py" "$script" &
+    fi
+    pids+=($!)
+  done
+  rc=0
+  wait "${pids[0]}" || rc=$?
+  if ((rc != 0)) && grep -q "already in use" "$node0_log" && ((attempt < 3)); then
+    echo "run.sh: port $port was taken before node 0 bound it; starting again on another" >&2
+    kill -KILL "${pids[@]:1}" 2>/dev/null || true  # still connecting: SIGTERM waits for that
+    for pid in "${pids[@]:1}"; do wait "$pid" 2>/dev/null || true; done
+    continue
+  fi
+  for pid in "${pids[@]:1}"; do wait "$pid" || rc=$?; done
+  exit $rc
 done
-rc=0
-for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
-exit $rc
