@@ -23,9 +23,9 @@ esac
 "$root/scripts/install-deps.sh"
 jobs="$(nproc)"
 
-# Test binaries of the comm suite: one per tests/comm/*_test.cc.
+# Test binaries of the comm suite: one per tests/comm/*/*_test.cc (a folder per layer).
 targets=()
-for src in "$root"/tests/comm/*_test.cc; do
+for src in "$root"/tests/comm/*/*_test.cc; do
   targets+=("$(basename "$src" .cc)")
 done
 

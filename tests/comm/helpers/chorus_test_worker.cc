@@ -1,4 +1,4 @@
-// A worker process for tests/comm/process_test.cc: one rank of an `env://` job
+// A worker process for tests/comm/process/process_test.cc: one rank of an `env://` job
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; Communicator::from_env()).
 //
 // Usage: chorus_test_worker allreduce-loop ITERS COUNT
@@ -7,7 +7,7 @@
 //   whole group is connected), and "ok" at the end.
 //
 // Usage: chorus_test_worker collectives-loop ITERS MAX_COUNT SEED
-//   For tests/comm/fault_test.cc. Runs ITERS operations (0: until killed), op I being
+//   For tests/comm/process/fault_test.cc. Runs ITERS operations (0: until killed), op I being
 //   kind I % 12 of: allreduce, broadcast, reduce, allgather, allgatherv,
 //   reduce_scatter, gather, scatter, alltoall, alltoallv, barrier, sendrecv (a send to
 //   the next rank and a recv from the previous one), with a count in [1, MAX_COUNT]

@@ -46,7 +46,7 @@ using chorus::test::contains;
 
 // Ranks as threads share a node: they meet in shared memory unless CHORUS_TRANSPORT=tcp
 // (ctest runs this suite both ways). Both transports word a mismatch of calls the same
-// way, naming both calls (tests/comm/mismatch_test.cc has more).
+// way, naming both calls (tests/comm/communicator/mismatch_test.cc has more).
 bool over_shm(const CommOptions& o) { return o.transport != TransportKind::kTcp; }
 
 TEST(Failure, MismatchedCountsAreAnErrorOnBothRanks) {
