@@ -1,6 +1,7 @@
 #include "comm/store/tcp_store_protocol.h"
 
 #include "chorus/error.h"
+#include "comm/common/handshake.h"
 #include "comm/common/socket.h"
 #include "comm/common/wire.h"
 
@@ -361,8 +362,8 @@ void authenticate_client(int fd, const std::string& token, const Deadline& deadl
     AuthMessage proof;
     proof.kind = AuthKind::kClientProof;
     proof.nonce = auth::make_nonce();
-    proof.proof =
-        auth::prove(token, kAuthContext, auth::Role::kClient, proof.nonce, hello.nonce);
+    handshake::Proofs proofs(token, kAuthContext);
+    proof.proof = proofs.client({proof.nonce, hello.nonce});
     Bytes frame = encode_auth(proof);
     net::write_full(fd, frame.data(), frame.size(), deadline,
                     where + ": authentication, sending the proof of the job token");
@@ -372,11 +373,9 @@ void authenticate_client(int fd, const std::string& token, const Deadline& deadl
                                "kind " +
                        std::to_string(static_cast<int>(answer.kind)));
     }
-    auth::Proof expected =
-        auth::prove(token, kAuthContext, auth::Role::kServer, proof.nonce, hello.nonce);
-    if (!auth::same_proof(answer.proof, expected)) {
-      throw StoreError(where + " could not prove it holds this job's token: " +
-                       auth::kTokenMismatch + " (is it the store of another job?)");
+    if (!proofs.server_proved({proof.nonce, hello.nonce}, answer.proof)) {
+      throw StoreError(handshake::server_unproven(where, "this job's token",
+                                                  "is it the store of another job?"));
     }
   } catch (const PeerError& e) {
     throw StoreError(where + " closed the connection during the authentication (" + e.what() +

@@ -33,9 +33,11 @@
 #include "chorus/store.h"
 #include "comm/common/allowlist.h"
 #include "comm/common/auth.h"
+#include "comm/common/handshake.h"
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "comm/store/server_frames.h"
 #include "comm/store/server_state.h"
 #include "comm/store/tcp_store_protocol.h"
 
@@ -70,17 +72,6 @@ struct Client {
   bool busy() const { return sending() || waiter != 0; }
 };
 
-// Tells a refused client why, if its socket takes the few bytes at once; the caller
-// closes the connection.
-void send_refusal(int fd, const std::string& reason) {
-  store_wire::AuthMessage refusal;
-  refusal.kind = store_wire::AuthKind::kRefused;
-  refusal.message = reason;
-  Bytes frame = store_wire::encode_auth(refusal);
-  ssize_t ignored = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  (void)ignored;
-}
-
 }  // namespace
 
 struct TcpStoreServer::Impl {
@@ -91,7 +82,7 @@ struct TcpStoreServer::Impl {
 
   std::string host;
   uint16_t port = 0;
-  std::string token;
+  handshake::Proofs proofs;
   net::AllowList allowlist;
   std::chrono::milliseconds auth_timeout;
   std::atomic<int> num_clients{0};
@@ -139,7 +130,8 @@ struct TcpStoreServer::Impl {
 TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t requested_port,
                            const TcpStoreServerOptions& options)
     : host(host_in),
-      token(options.job_token ? *options.job_token : settings::job_token()),
+      proofs(options.job_token ? *options.job_token : settings::job_token(),
+             store_wire::kAuthContext),
       auth_timeout(std::max(options.auth_timeout, std::chrono::milliseconds(1))) {
   // Before the port is bound: a bad allow-list fails the start, not each connection.
   if (!options.allowlist_file) {
@@ -243,7 +235,7 @@ void TcpStoreServer::Impl::accept_clients() {
       log_refusal(peer.str(), why);
       // It has sent nothing yet, so closing does not reset the connection before the
       // client reads why.
-      send_refusal(fd.get(), why);
+      store_server::send_refusal(fd.get(), why);
       continue;
     }
     auto client = std::make_unique<Client>();
@@ -262,10 +254,7 @@ void TcpStoreServer::Impl::accept_clients() {
     CHORUS_LOG(kDebug, "store server: client " << client->address << " connected");
     client->server_nonce = auth::make_nonce();
     client->auth_deadline = Clock::now() + auth_timeout;
-    store_wire::AuthMessage hello;
-    hello.kind = store_wire::AuthKind::kServerHello;
-    hello.nonce = client->server_nonce;
-    client->out = store_wire::encode_auth(hello);
+    client->out = store_server::hello_frame(client->server_nonce);
     auth_deadlines_.emplace(client->auth_deadline, client->id);
     uint64_t id = client->id;
     clients_.emplace(id, std::move(client));
@@ -367,24 +356,16 @@ bool TcpStoreServer::Impl::flush(Client& client) {
 // soon as the prefix is in, so an oversized frame is refused before it is buffered.
 TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& client,
                                                                    Request* request) {
-  constexpr size_t kPrefix = store_wire::kLengthPrefixBytes;
-  if (client.in.size() < kPrefix) return FrameResult::kIncomplete;
-  uint32_t length = store_wire::read_length_prefix(client.in.data());
   std::string reason;
-  if (!store_wire::check_frame_length(length, &reason)) {
-    drop(client, reason, true);
-    return FrameResult::kDropped;
+  switch (store_server::take_request(client.in, request, &reason)) {
+    case store_server::Take::kIncomplete:
+      return FrameResult::kIncomplete;
+    case store_server::Take::kRefused:
+      drop(client, reason, true);
+      return FrameResult::kDropped;
+    case store_server::Take::kReady:
+      break;
   }
-  if (client.in.size() < kPrefix + length) {
-    client.in.reserve(kPrefix + length);  // length was checked above
-    return FrameResult::kIncomplete;
-  }
-  std::span<const uint8_t> payload(client.in.data() + kPrefix, length);
-  if (!store_wire::decode_request(payload, request, &reason)) {
-    drop(client, reason, true);
-    return FrameResult::kDropped;
-  }
-  client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
   if (client.in.empty() && client.in.capacity() > kReadChunk) Bytes().swap(client.in);
   return FrameResult::kReady;
 }
@@ -392,47 +373,19 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& clien
 // Takes the client's CLIENT_PROOF out of its input and checks it. kReady when the
 // client is now authenticated (SERVER_PROOF queued); kDropped when it was refused.
 TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& client) {
-  constexpr size_t kPrefix = store_wire::kLengthPrefixBytes;
-  if (client.in.size() < kPrefix) return FrameResult::kIncomplete;
-  uint32_t length = store_wire::read_length_prefix(client.in.data());
   std::string reason;
-  if (!store_wire::check_auth_frame_length(length, &reason)) {
-    refuse(client, reason);
-    return FrameResult::kDropped;
+  switch (store_server::take_client_proof(client.in, proofs, client.server_nonce, &client.out,
+                                          &reason)) {
+    case store_server::Take::kIncomplete:
+      return FrameResult::kIncomplete;
+    case store_server::Take::kRefused:
+      refuse(client, reason);
+      return FrameResult::kDropped;
+    case store_server::Take::kReady:
+      break;
   }
-  if (client.in.size() < kPrefix + length) return FrameResult::kIncomplete;
-  store_wire::AuthMessage message;
-  std::span<const uint8_t> payload(client.in.data() + kPrefix, length);
-  if (!store_wire::decode_auth(payload, &message, &reason)) {
-    refuse(client, reason);
-    return FrameResult::kDropped;
-  }
-  if (message.kind != store_wire::AuthKind::kClientProof) {
-    refuse(client, "expected CLIENT_PROOF, got authentication kind " +
-                       std::to_string(static_cast<int>(message.kind)));
-    return FrameResult::kDropped;
-  }
-  if (message.version != store_wire::kAuthVersion) {
-    refuse(client, "authentication version differs (client " + std::to_string(message.version) +
-                       ", here " + std::to_string(store_wire::kAuthVersion) + ")");
-    return FrameResult::kDropped;
-  }
-  auth::Proof expected = auth::prove(token, store_wire::kAuthContext, auth::Role::kClient,
-                                     message.nonce, client.server_nonce);
-  if (!auth::same_proof(message.proof, expected)) {
-    client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
-    refuse(client, auth::kTokenMismatch);
-    return FrameResult::kDropped;
-  }
-  client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
   client.authenticated = true;
   auth_deadlines_.erase({client.auth_deadline, client.id});
-  store_wire::AuthMessage answer;
-  answer.kind = store_wire::AuthKind::kServerProof;
-  answer.proof = auth::prove(token, store_wire::kAuthContext, auth::Role::kServer, message.nonce,
-                             client.server_nonce);
-  Bytes frame = store_wire::encode_auth(answer);
-  client.out.insert(client.out.end(), frame.begin(), frame.end());
   CHORUS_LOG(kDebug, "store server: client " << client.address << " authenticated");
   return FrameResult::kReady;
 }
@@ -441,7 +394,7 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& cli
 // socket takes it, and logs it with its address.
 void TcpStoreServer::Impl::refuse(Client& client, const std::string& reason) {
   log_refusal(client.address, reason);
-  if (!client.sending()) send_refusal(client.fd.get(), reason);  // else it would interleave
+  if (!client.sending()) store_server::send_refusal(client.fd.get(), reason);  // else it would interleave
   drop(client, "refused: " + reason, false);
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "chorus/error.h"
+#include "comm/common/handshake.h"
 #include "comm/common/socket.h"
 #include "comm/common/wire.h"
 
@@ -249,6 +250,16 @@ MessageKind kind_of(std::span<const uint8_t> message) {
   return static_cast<MessageKind>(get_u16(message.data() + 6));
 }
 
+namespace {
+
+// The proofs of the connection `hello` asks for.
+handshake::Proofs proofs_for(const Hello& hello, const std::string& token) {
+  return handshake::Proofs(
+      token, proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size));
+}
+
+}  // namespace
+
 void client_handshake(int fd, const Hello& hello, const std::string& token,
                       const Deadline& deadline, const std::string& what) {
   std::string reason;
@@ -266,19 +277,17 @@ void client_handshake(int fd, const Hello& hello, const std::string& token,
   if (kind_of(message) == MessageKind::kVerdict) refused(message);
   Challenge challenge;
   if (!decode_challenge(message, &challenge, &reason)) throw PeerError(what + ": " + reason);
-  std::string context = proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size);
+  handshake::Proofs proofs = proofs_for(hello, token);
   ProofMessage proof;
-  proof.proof = auth::prove(token, context, auth::Role::kClient, hello.nonce, challenge.nonce);
+  proof.proof = proofs.client({hello.nonce, challenge.nonce});
   send_message(fd, encode_proof(proof), deadline, what + ": sending the proof of the job token");
   message = read_message(fd, deadline, what + ": waiting for the verdict");
   Verdict verdict;
   if (!decode_verdict(message, &verdict, &reason)) throw PeerError(what + ": " + reason);
   if (!verdict.accepted) refused(message);
-  auth::Proof expected =
-      auth::prove(token, context, auth::Role::kServer, hello.nonce, challenge.nonce);
-  if (!auth::same_proof(verdict.proof, expected)) {
-    throw PeerError(what + ": the peer could not prove it holds the job token: " +
-                    auth::kTokenMismatch + " (another process listens at its address?)");
+  if (!proofs.server_proved({hello.nonce, challenge.nonce}, verdict.proof)) {
+    throw PeerError(handshake::server_unproven(what + ": the peer", "the job token",
+                                               "another process listens at its address?"));
   }
 }
 
@@ -394,10 +403,10 @@ void ServerHandshake::on_message() {
   }
   ProofMessage proof;
   if (!decode_proof(message, &proof, &reason)) return refuse("malformed proof: " + reason);
-  std::string context = proof_context(hello_.comm_id, hello_.from_rank, hello_.to_rank, hello_.size);
-  auth::Proof wanted = auth::prove(expected_->token, context, auth::Role::kClient, hello_.nonce,
-                                   challenge_.nonce);
-  if (!auth::same_proof(proof.proof, wanted)) return refuse(auth::kTokenMismatch);
+  if (!proofs_for(hello_, expected_->token).client_proved({hello_.nonce, challenge_.nonce},
+                                                           proof.proof)) {
+    return refuse(auth::kTokenMismatch);
+  }
   stage_ = Stage::kDecide;
   status_ = Status::kAuthenticated;
 }
@@ -405,9 +414,7 @@ void ServerHandshake::on_message() {
 void ServerHandshake::accept() {
   Verdict verdict;
   verdict.accepted = true;
-  std::string context = proof_context(hello_.comm_id, hello_.from_rank, hello_.to_rank, hello_.size);
-  verdict.proof = auth::prove(expected_->token, context, auth::Role::kServer, hello_.nonce,
-                              challenge_.nonce);
+  verdict.proof = proofs_for(hello_, expected_->token).server({hello_.nonce, challenge_.nonce});
   status_ = Status::kBusy;
   queue(encode_verdict(verdict), Stage::kVerdict);
 }
