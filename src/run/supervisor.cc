@@ -16,6 +16,7 @@
 #include "chorus/error.h"
 #include "comm/common/auth.h"
 #include "comm/common/deadline.h"
+#include "comm/common/hex.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
 #include "run/program.h"
@@ -237,12 +238,7 @@ static void choose_job_token(const LaunchOptions& o) {
   const bool default_id = source == o.source.end() || source->second == "default";
   if (o.standalone && default_id) {
     auth::Nonce random = auth::make_nonce();
-    std::string token;
-    static const char kHex[] = "0123456789abcdef";
-    for (uint8_t b : random) {
-      token += kHex[b >> 4];
-      token += kHex[b & 15];
-    }
+    std::string token = hex::encode(random.data(), random.size());
     ::setenv("CHORUS_JOB_TOKEN", token.c_str(), 1);
   } else if (o.nnodes > 1 && default_id) {
     std::cerr << "chorusrun: warning: the job token is the default --rdzv-id '" << o.rdzv_id

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "chorus/error.h"
-#include "comm/common/little_endian.h"
+#include "comm/common/wire.h"
 
 namespace chorus::auth {
 namespace {
@@ -23,12 +23,6 @@ std::string openssl_error() {
   char text[256];
   ERR_error_string_n(code, text, sizeof text);
   return text;
-}
-
-// A length-prefixed field, so that no two (context, role) pairs encode alike.
-void put_field(std::vector<uint8_t>& out, std::string_view s) {
-  wire_bytes::put_le(out, s.size(), 4);
-  out.insert(out.end(), s.begin(), s.end());
 }
 
 }  // namespace
@@ -62,13 +56,14 @@ Proof hmac_sha256(std::string_view key, const uint8_t* message, size_t length) {
 
 Proof prove(std::string_view token, std::string_view context, Role role,
             const Nonce& client_nonce, const Nonce& server_nonce) {
-  std::vector<uint8_t> message;
-  message.reserve(kDomain.size() + context.size() + 2 * kNonceBytes + 16);
-  put_field(message, kDomain);
-  put_field(message, context);
-  message.push_back(static_cast<uint8_t>(role));
-  message.insert(message.end(), client_nonce.begin(), client_nonce.end());
-  message.insert(message.end(), server_nonce.begin(), server_nonce.end());
+  // Length-prefixed fields, so that no two (context, role) pairs encode alike.
+  wire::Writer w;
+  w.text(kDomain);
+  w.text(context);
+  w.u8(static_cast<uint8_t>(role));
+  w.array(client_nonce);
+  w.array(server_nonce);
+  std::vector<uint8_t> message = w.take();
   return hmac_sha256(token, message.data(), message.size());
 }
 

@@ -1,5 +1,5 @@
 // Waiting for and reading many keys at once, as a rendezvous of every rank's key does.
-// One store request names at most store_wire::kMaxKeysPerRequest (65536) keys, fewer
+// One store request names at most store_rules::kMaxKeysPerRequest (65536) keys, fewer
 // than the documented largest world size (2^20 ranks); these helpers ask about
 // kPageKeys at a time instead, and wait in short slices so that the caller can look
 // at other keys meanwhile (a rank that learns the job cannot form gives up at once).

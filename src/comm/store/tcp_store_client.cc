@@ -27,29 +27,29 @@ std::string describe(const Request& request) {
   std::string what = store_wire::op_name(request.op);
   if (request.op == Op::kCheck || request.op == Op::kWait) {
     return what + (request.keys.size() == 1 ? " of key " : " of keys ") +
-           store_wire::quote_keys(request.keys, request.keys.size());
+           store_rules::quote_keys(request.keys, request.keys.size());
   }
   if (request.op == Op::kNumKeys) return what;
-  return what + " of key " + store_wire::quote_keys({request.key}, 1);
+  return what + " of key " + store_rules::quote_keys({request.key}, 1);
 }
 
 // The deadline of a call that does not wait on keys.
 Deadline deadline_after(std::chrono::milliseconds timeout) {
-  return Deadline(store_wire::bounded_timeout(timeout));
+  return Deadline(store_rules::bounded_timeout(timeout));
 }
 
 // The deadline of a call that waits on keys for `timeout`: the server answers at
 // `timeout`, the grace covers the reply's trip.
 Deadline waiting_deadline(std::chrono::milliseconds timeout) {
-  return Deadline(store_wire::bounded_timeout(timeout) + kReplyGrace);
+  return Deadline(store_rules::bounded_timeout(timeout) + kReplyGrace);
 }
 
 uint64_t timeout_field(std::chrono::milliseconds timeout) {
-  return static_cast<uint64_t>(store_wire::bounded_timeout(timeout).count());
+  return static_cast<uint64_t>(store_rules::bounded_timeout(timeout).count());
 }
 
 Request keyed(Op op, const std::string& key) {
-  store_wire::check_key(key);
+  store_rules::check_key(key);
   Request request;
   request.op = op;
   request.key = key;
@@ -57,7 +57,7 @@ Request keyed(Op op, const std::string& key) {
 }
 
 Request multi_keyed(Op op, const std::vector<std::string>& keys) {
-  store_wire::check_keys(keys);
+  store_rules::check_keys(keys);
   Request request;
   request.op = op;
   request.keys = keys;
@@ -131,7 +131,7 @@ void TcpStore::Impl::check_reply(const Reply& reply, ReplyKind expected, const R
     std::string what = request.op == Op::kGet
                            ? describe(request)
                            : "wait for " + std::to_string(request.keys.size()) + " keys";
-    throw TimeoutError(store_wire::timeout_message(where() + ": " + what,
+    throw TimeoutError(store_rules::timeout_message(where() + ": " + what,
                                                    std::chrono::milliseconds(request.timeout_ms),
                                                    reply.keys, reply.missing_count));
   }
@@ -193,7 +193,7 @@ uint16_t TcpStore::port() const { return impl_->port; }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
   Request request = keyed(Op::kSet, key);
-  store_wire::check_value(key, value);
+  store_rules::check_value(key, value);
   request.value = value;
   impl_->call(request, ReplyKind::kOk, deadline_after(timeout()));
 }
@@ -212,8 +212,8 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 
 Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   Request request = keyed(Op::kCompareSet, key);
-  store_wire::check_value(key, expected);
-  store_wire::check_value(key, desired);
+  store_rules::check_value(key, expected);
+  store_rules::check_value(key, desired);
   request.expected = expected;
   request.value = desired;
   return impl_->call(request, ReplyKind::kValue, deadline_after(timeout())).value;

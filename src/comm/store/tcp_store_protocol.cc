@@ -1,157 +1,54 @@
 #include "comm/store/tcp_store_protocol.h"
 
-#include <algorithm>
-#include <charconv>
-#include <cstring>
-
 #include "chorus/error.h"
-#include "comm/common/little_endian.h"
+#include "comm/common/handshake.h"
 #include "comm/common/socket.h"
+#include "comm/common/wire.h"
 
 namespace chorus::store_wire {
 namespace {
 
-// Appends little-endian fields to a frame whose length prefix is patched at the end.
-class Writer {
- public:
-  Writer() { out_.resize(kLengthPrefixBytes); }
+using wire::Reader;
+using wire::Writer;
 
-  void u8(uint8_t v) { out_.push_back(v); }
-  void u32(uint32_t v) { little_endian(v, 4); }
-  void u64(uint64_t v) { little_endian(v, 8); }
-  void bytes(const uint8_t* data, size_t size) {
-    u32(static_cast<uint32_t>(size));
-    out_.insert(out_.end(), data, data + size);
-  }
-  void bytes(const Bytes& b) { bytes(b.data(), b.size()); }
-  void text(const std::string& s) { bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size()); }
-  void raw(const uint8_t* data, size_t size) { out_.insert(out_.end(), data, data + size); }
-  void keys(const std::vector<std::string>& keys) {
-    u32(static_cast<uint32_t>(keys.size()));
-    for (const std::string& k : keys) text(k);
-  }
+// A frame's writer, the length prefix still to fill in (finish_frame()).
+Writer start_frame() {
+  Writer w;
+  w.u32(0);
+  return w;
+}
 
-  Bytes finish() {
-    // Oversized payloads keep a truncated prefix; senders check payload_size() first.
-    uint64_t payload = out_.size() - kLengthPrefixBytes;
-    for (size_t i = 0; i < kLengthPrefixBytes; ++i)
-      out_[i] = static_cast<uint8_t>(payload >> (8 * i));
-    return std::move(out_);
-  }
+Bytes finish_frame(Writer& w) {
+  // Oversized payloads keep a truncated prefix; senders check payload_size() first.
+  w.u32_at(0, static_cast<uint32_t>(w.size() - kLengthPrefixBytes));
+  return w.take();
+}
 
- private:
-  void little_endian(uint64_t v, int width) { wire_bytes::put_le(out_, v, width); }
-  Bytes out_;
-};
+void write_keys(Writer& w, const std::vector<std::string>& keys) {
+  w.u32(static_cast<uint32_t>(keys.size()));
+  for (const std::string& k : keys) w.text(k);
+}
 
-// Reads fields from one payload. Every length is checked against its limit and the
-// bytes left before any allocation; the first failure records its reason and makes
-// every later read fail too.
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> payload) : data_(payload) {}
+// Each key takes at least its 4-byte length, so a count the frame cannot hold is
+// refused before the vector is sized by it.
+bool read_keys(Reader& rd, size_t max_count, std::vector<std::string>* out) {
+  uint32_t count = 0;
+  if (!rd.count("key count", max_count, kLengthPrefixBytes, &count)) return false;
+  out->resize(count);
+  for (std::string& key : *out) {
+    if (!rd.text("key", kMaxKeyBytes, &key)) return false;
+  }
+  return true;
+}
 
-  bool u8(const char* field, uint8_t* v) {
-    if (!need(1, field)) return false;
-    *v = data_[pos_++];
-    return true;
-  }
-  bool u32(const char* field, uint32_t* v) {
-    uint64_t wide = 0;
-    if (!little_endian(4, field, &wide)) return false;
-    *v = static_cast<uint32_t>(wide);
-    return true;
-  }
-  bool u64(const char* field, uint64_t* v) { return little_endian(8, field, v); }
-  bool raw(const char* field, size_t size, uint8_t* out) {
-    if (!need(size, field)) return false;
-    std::memcpy(out, data_.data() + pos_, size);
-    pos_ += size;
-    return true;
-  }
-
-  bool bytes(const char* field, size_t limit, Bytes* out) {
-    size_t size = 0;
-    if (!length(field, limit, &size)) return false;
-    out->assign(data_.begin() + pos_, data_.begin() + pos_ + size);
-    pos_ += size;
-    return true;
-  }
-  bool text(const char* field, size_t limit, std::string* out) {
-    size_t size = 0;
-    if (!length(field, limit, &size)) return false;
-    out->assign(reinterpret_cast<const char*>(data_.data() + pos_), size);
-    pos_ += size;
-    return true;
-  }
-  bool keys(size_t max_count, std::vector<std::string>* out) {
-    uint32_t count = 0;
-    if (!u32("key count", &count)) return false;
-    if (count > max_count) {
-      return fail("key count " + std::to_string(count) + " exceeds the limit of " +
-                  std::to_string(max_count));
-    }
-    // Each key takes at least its 4-byte length, so a count the frame cannot hold is
-    // refused before the vector is sized by it.
-    if (uint64_t{count} * 4 > left()) {
-      return fail("key count " + std::to_string(count) + " cannot fit in the " +
-                  std::to_string(left()) + " bytes left in the frame");
-    }
-    out->resize(count);
-    for (std::string& key : *out) {
-      if (!text("key", kMaxKeyBytes, &key)) return false;
-    }
-    return true;
-  }
-
-  // Succeeds when every read succeeded and the payload was consumed exactly.
-  bool finish(const std::string& what, std::string* reason) {
-    if (reason_.empty() && left() != 0) {
-      fail(std::to_string(left()) + " unexpected bytes after the fields");
-    }
-    if (reason_.empty()) return true;
-    *reason = "malformed " + what + ": " + reason_;
-    return false;
-  }
-  bool fail(const std::string& reason) {
-    if (reason_.empty()) reason_ = reason;
-    return false;
-  }
-
- private:
-  size_t left() const { return data_.size() - pos_; }
-  bool need(size_t n, const char* field) {
-    if (!reason_.empty()) return false;
-    if (n <= left()) return true;
-    return fail(std::string(field) + " needs " + std::to_string(n) + " bytes but only " +
-                std::to_string(left()) + " are left in the frame");
-  }
-  bool little_endian(size_t width, const char* field, uint64_t* v) {
-    if (!need(width, field)) return false;
-    *v = wire_bytes::get_le(data_.data() + pos_, width);
-    pos_ += width;
-    return true;
-  }
-  bool length(const char* field, size_t limit, size_t* size) {
-    uint32_t declared = 0;
-    if (!u32(field, &declared)) return false;
-    if (declared > limit) {
-      return fail(std::string(field) + " of " + std::to_string(declared) +
-                  " bytes exceeds the limit of " + std::to_string(limit));
-    }
-    if (declared > left()) {
-      return fail(std::string(field) + " of " + std::to_string(declared) +
-                  " bytes runs past the end of the frame (" + std::to_string(left()) +
-                  " bytes left)");
-    }
-    *size = declared;
-    return true;
-  }
-
-  std::span<const uint8_t> data_;
-  size_t pos_ = 0;
-  std::string reason_;
-};
+// Succeeds when every read succeeded and the payload was consumed exactly; else the
+// reason is "malformed <what>: <the field at fault>".
+bool finish(Reader& rd, const std::string& what, std::string* reason) {
+  std::string why;
+  if (rd.finish(&why)) return true;
+  *reason = "malformed " + what + ": " + why;
+  return false;
+}
 
 void encode_request_fields(const Request& r, Writer& w) {
   switch (r.op) {
@@ -173,10 +70,10 @@ void encode_request_fields(const Request& r, Writer& w) {
       w.bytes(r.value);
       break;
     case Op::kCheck:
-      w.keys(r.keys);
+      write_keys(w, r.keys);
       break;
     case Op::kWait:
-      w.keys(r.keys);
+      write_keys(w, r.keys);
       w.u64(r.timeout_ms);
       break;
     case Op::kDelete:
@@ -203,9 +100,9 @@ bool decode_request_fields(Reader& rd, Request* r) {
              rd.bytes("expected value", kMaxValueBytes, &r->expected) &&
              rd.bytes("desired value", kMaxValueBytes, &r->value);
     case Op::kCheck:
-      return rd.keys(kMaxKeysPerRequest, &r->keys);
+      return read_keys(rd, kMaxKeysPerRequest, &r->keys);
     case Op::kWait:
-      return rd.keys(kMaxKeysPerRequest, &r->keys) && rd.u64("timeout", &r->timeout_ms);
+      return read_keys(rd, kMaxKeysPerRequest, &r->keys) && rd.u64("timeout", &r->timeout_ms);
     case Op::kDelete:
       return rd.text("key", kMaxKeyBytes, &r->key);
     case Op::kNumKeys:
@@ -229,7 +126,7 @@ void encode_reply_fields(const Reply& r, Writer& w) {
       break;
     case ReplyKind::kTimeout:
       w.u32(r.missing_count);
-      w.keys(r.keys);
+      write_keys(w, r.keys);
       break;
     case ReplyKind::kInvalidArgument:
       w.text(r.message);
@@ -255,7 +152,7 @@ bool decode_reply_fields(Reader& rd, Reply* r) {
       r->flag = flag == 1;
       return true;
     case ReplyKind::kTimeout:
-      return rd.u32("missing count", &r->missing_count) && rd.keys(kMaxListedKeys, &r->keys);
+      return rd.u32("missing count", &r->missing_count) && read_keys(rd, kMaxListedKeys, &r->keys);
     case ReplyKind::kInvalidArgument:
       return rd.text("message", kMaxMessageBytes, &r->message);
   }
@@ -292,23 +189,23 @@ const char* op_name(Op op) {
 }
 
 Bytes encode_request(const Request& request) {
-  Writer w;
+  Writer w = start_frame();
   w.u8(static_cast<uint8_t>(request.op));
   encode_request_fields(request, w);
-  return w.finish();
+  return finish_frame(w);
 }
 
 Bytes encode_reply(const Reply& reply) {
-  Writer w;
+  Writer w = start_frame();
   w.u8(static_cast<uint8_t>(reply.kind));
   encode_reply_fields(reply, w);
-  return w.finish();
+  return finish_frame(w);
 }
 
 size_t payload_size(const Bytes& frame) { return frame.size() - kLengthPrefixBytes; }
 
 uint32_t read_length_prefix(const uint8_t* prefix) {
-  return static_cast<uint32_t>(wire_bytes::get_le(prefix, kLengthPrefixBytes));
+  return static_cast<uint32_t>(wire::get_le(prefix, kLengthPrefixBytes));
 }
 
 bool check_frame_length(uint32_t length, std::string* reason) {
@@ -327,50 +224,50 @@ bool check_frame_length(uint32_t length, std::string* reason) {
 bool decode_request(std::span<const uint8_t> payload, Request* out, std::string* reason) {
   Reader rd(payload);
   uint8_t code = 0;
-  if (!rd.u8("opcode", &code)) return rd.finish("request", reason);
+  if (!rd.u8("opcode", &code)) return finish(rd, "request", reason);
   if (!valid_op(code)) {
     rd.fail("unknown opcode " + std::to_string(code));
-    return rd.finish("request", reason);
+    return finish(rd, "request", reason);
   }
   out->op = static_cast<Op>(code);
   decode_request_fields(rd, out);
-  return rd.finish(std::string(op_name(out->op)) + " request", reason);
+  return finish(rd, std::string(op_name(out->op)) + " request", reason);
 }
 
 bool decode_reply(std::span<const uint8_t> payload, Reply* out, std::string* reason) {
   Reader rd(payload);
   uint8_t code = 0;
-  if (!rd.u8("reply kind", &code)) return rd.finish("reply", reason);
+  if (!rd.u8("reply kind", &code)) return finish(rd, "reply", reason);
   if (!valid_reply_kind(code)) {
     rd.fail("unknown reply kind " + std::to_string(code));
-    return rd.finish("reply", reason);
+    return finish(rd, "reply", reason);
   }
   out->kind = static_cast<ReplyKind>(code);
   decode_reply_fields(rd, out);
-  return rd.finish("reply", reason);
+  return finish(rd, "reply", reason);
 }
 
 Bytes encode_auth(const AuthMessage& m) {
-  Writer w;
+  Writer w = start_frame();
   w.u8(static_cast<uint8_t>(m.kind));
   switch (m.kind) {
     case AuthKind::kServerHello:
       w.u32(m.version);
-      w.raw(m.nonce.data(), m.nonce.size());
+      w.array(m.nonce);
       break;
     case AuthKind::kClientProof:
       w.u32(m.version);
-      w.raw(m.nonce.data(), m.nonce.size());
-      w.raw(m.proof.data(), m.proof.size());
+      w.array(m.nonce);
+      w.array(m.proof);
       break;
     case AuthKind::kServerProof:
-      w.raw(m.proof.data(), m.proof.size());
+      w.array(m.proof);
       break;
     case AuthKind::kRefused:
       w.text(m.message.substr(0, kMaxAuthMessageBytes));
       break;
   }
-  return w.finish();
+  return finish_frame(w);
 }
 
 bool check_auth_frame_length(uint32_t length, std::string* reason) {
@@ -390,27 +287,27 @@ bool check_auth_frame_length(uint32_t length, std::string* reason) {
 bool decode_auth(std::span<const uint8_t> payload, AuthMessage* out, std::string* reason) {
   Reader rd(payload);
   uint8_t code = 0;
-  if (!rd.u8("authentication kind", &code)) return rd.finish("authentication", reason);
+  if (!rd.u8("authentication kind", &code)) return finish(rd, "authentication", reason);
   switch (static_cast<AuthKind>(code)) {
     case AuthKind::kServerHello:
       out->kind = AuthKind::kServerHello;
       rd.u32("auth version", &out->version);
-      rd.raw("nonce", out->nonce.size(), out->nonce.data());
-      return rd.finish("SERVER_HELLO", reason);
+      rd.array("nonce", &out->nonce);
+      return finish(rd, "SERVER_HELLO", reason);
     case AuthKind::kClientProof:
       out->kind = AuthKind::kClientProof;
       rd.u32("auth version", &out->version);
-      rd.raw("nonce", out->nonce.size(), out->nonce.data());
-      rd.raw("proof", out->proof.size(), out->proof.data());
-      return rd.finish("CLIENT_PROOF", reason);
+      rd.array("nonce", &out->nonce);
+      rd.array("proof", &out->proof);
+      return finish(rd, "CLIENT_PROOF", reason);
     case AuthKind::kServerProof:
       out->kind = AuthKind::kServerProof;
-      rd.raw("proof", out->proof.size(), out->proof.data());
-      return rd.finish("SERVER_PROOF", reason);
+      rd.array("proof", &out->proof);
+      return finish(rd, "SERVER_PROOF", reason);
     case AuthKind::kRefused:
       out->kind = AuthKind::kRefused;
       rd.text("message", kMaxAuthMessageBytes, &out->message);
-      return rd.finish("REFUSED", reason);
+      return finish(rd, "REFUSED", reason);
   }
   if (valid_op(code)) {
     rd.fail("got a " + std::string(op_name(static_cast<Op>(code))) +
@@ -419,7 +316,7 @@ bool decode_auth(std::span<const uint8_t> payload, AuthMessage* out, std::string
   } else {
     rd.fail("unknown authentication kind " + std::to_string(code));
   }
-  return rd.finish("authentication", reason);
+  return finish(rd, "authentication", reason);
 }
 
 namespace {
@@ -465,8 +362,8 @@ void authenticate_client(int fd, const std::string& token, const Deadline& deadl
     AuthMessage proof;
     proof.kind = AuthKind::kClientProof;
     proof.nonce = auth::make_nonce();
-    proof.proof =
-        auth::prove(token, kAuthContext, auth::Role::kClient, proof.nonce, hello.nonce);
+    handshake::Proofs proofs(token, kAuthContext);
+    proof.proof = proofs.client({proof.nonce, hello.nonce});
     Bytes frame = encode_auth(proof);
     net::write_full(fd, frame.data(), frame.size(), deadline,
                     where + ": authentication, sending the proof of the job token");
@@ -476,110 +373,14 @@ void authenticate_client(int fd, const std::string& token, const Deadline& deadl
                                "kind " +
                        std::to_string(static_cast<int>(answer.kind)));
     }
-    auth::Proof expected =
-        auth::prove(token, kAuthContext, auth::Role::kServer, proof.nonce, hello.nonce);
-    if (!auth::same_proof(answer.proof, expected)) {
-      throw StoreError(where + " could not prove it holds this job's token: " +
-                       auth::kTokenMismatch + " (is it the store of another job?)");
+    if (!proofs.server_proved({proof.nonce, hello.nonce}, answer.proof)) {
+      throw StoreError(handshake::server_unproven(where, "this job's token",
+                                                  "is it the store of another job?"));
     }
   } catch (const PeerError& e) {
     throw StoreError(where + " closed the connection during the authentication (" + e.what() +
                      ")");
   }
-}
-
-void check_key(const std::string& key) {
-  if (key.size() > kMaxKeyBytes) {
-    throw InvalidArgumentError("store key '" + key.substr(0, 64) + "...' is " +
-                               std::to_string(key.size()) + " bytes; keys are at most " +
-                               std::to_string(kMaxKeyBytes) + " bytes");
-  }
-}
-
-void check_value(const std::string& key, const Bytes& value) {
-  if (value.size() > kMaxValueBytes) {
-    throw InvalidArgumentError("store value for key " + quote_keys({key}, 1) + " is " +
-                               std::to_string(value.size()) + " bytes; values are at most " +
-                               std::to_string(kMaxValueBytes) + " bytes");
-  }
-}
-
-void check_keys(const std::vector<std::string>& keys) {
-  if (keys.size() > kMaxKeysPerRequest) {
-    throw InvalidArgumentError("store request names " + std::to_string(keys.size()) +
-                               " keys; at most " + std::to_string(kMaxKeysPerRequest) +
-                               " are allowed at once");
-  }
-  for (const std::string& key : keys) check_key(key);
-}
-
-int64_t add_to_counter(const std::string& key, const Bytes* current, int64_t delta) {
-  int64_t value = 0;
-  if (current != nullptr) {
-    const char* begin = reinterpret_cast<const char*>(current->data());
-    const char* end = begin + current->size();
-    auto [ptr, ec] = std::from_chars(begin, end, value);
-    if (current->empty() || ec != std::errc() || ptr != end) {
-      throw InvalidArgumentError("store add to key " + quote_keys({key}, 1) +
-                                 ": its value is not a decimal int64 (" +
-                                 std::to_string(current->size()) + " bytes)");
-    }
-  }
-  int64_t sum = 0;
-  if (__builtin_add_overflow(value, delta, &sum)) {
-    throw InvalidArgumentError("store add of " + std::to_string(delta) + " to key " +
-                               quote_keys({key}, 1) + " (value " + std::to_string(value) +
-                               ") overflows int64");
-  }
-  return sum;
-}
-
-Bytes counter_text(int64_t value) {
-  std::string text = std::to_string(value);
-  return Bytes(text.begin(), text.end());
-}
-
-bool compare_matches(const Bytes* current, const Bytes& expected) {
-  return current == nullptr ? expected.empty() : *current == expected;
-}
-
-namespace {
-std::string quote_key(const std::string& key) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out = "'";
-  for (unsigned char c : key.substr(0, 256)) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (key.size() > 256) out += "...";
-  return out + "'";
-}
-}  // namespace
-
-std::string quote_keys(const std::vector<std::string>& keys, size_t total) {
-  std::string out;
-  size_t shown = std::min(keys.size(), kMaxListedKeys);
-  for (size_t i = 0; i < shown; ++i) {
-    if (i > 0) out += ", ";
-    out += quote_key(keys[i]);
-  }
-  if (total > shown) out += " and " + std::to_string(total - shown) + " more";
-  return out;
-}
-
-std::chrono::milliseconds bounded_timeout(std::chrono::milliseconds timeout) {
-  return std::clamp(timeout, std::chrono::milliseconds(0), kLongestWait);
-}
-
-std::string timeout_message(const std::string& what, std::chrono::milliseconds timeout,
-                            const std::vector<std::string>& missing, size_t missing_count) {
-  return what + " timed out after " + std::to_string(timeout.count()) + " ms; missing " +
-         (missing_count == 1 ? "key " : "keys ") + quote_keys(missing, missing_count);
 }
 
 }  // namespace chorus::store_wire

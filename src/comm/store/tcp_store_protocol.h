@@ -1,6 +1,6 @@
-// The TCP store's wire protocol, and the rules every Store implementation shares
-// (size limits, counter text, timeout messages) so that the in-memory store and the
-// TCP store behave and fail alike.
+// The TCP store's wire protocol. The rules every Store implementation shares (size
+// limits, counter text, timeout messages) are in rules.h; the limits are named here
+// too, as the wire bounds its fields by them.
 //
 // Framing: every message is a u32 little-endian payload length followed by the
 // payload. A payload is a u8 opcode followed by its fields, in this order:
@@ -50,7 +50,6 @@
 // allocated, and a malformed frame yields a reason naming the field at fault.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -60,20 +59,20 @@
 #include "chorus/store.h"
 #include "comm/common/auth.h"
 #include "comm/common/deadline.h"
+#include "comm/store/rules.h"
 
 namespace chorus::store_wire {
 
-// Limits of the Store contract (include/chorus/store.h).
-inline constexpr size_t kMaxKeyBytes = 4 << 10;
-inline constexpr size_t kMaxValueBytes = 64 << 20;
+// Limits of the Store contract (rules.h).
+using store_rules::kMaxKeyBytes;
+using store_rules::kMaxKeysPerRequest;
+using store_rules::kMaxListedKeys;
+using store_rules::kMaxValueBytes;
 // Room for the opcode, key and length fields next to a largest value. A frame also
 // bounds what shares it: COMPARE_SET's expected + desired, and WAIT's keys together.
 inline constexpr size_t kFrameHeaderBytes = 64 << 10;
 inline constexpr size_t kMaxFrameBytes = kMaxValueBytes + kFrameHeaderBytes;
-inline constexpr size_t kMaxKeysPerRequest = 65536;
 inline constexpr size_t kMaxMessageBytes = 64 << 10;
-// A TIMEOUT reply lists at most this many missing keys (and counts all of them).
-inline constexpr size_t kMaxListedKeys = 16;
 inline constexpr size_t kLengthPrefixBytes = 4;
 
 enum class Op : uint8_t {
@@ -177,35 +176,5 @@ bool decode_auth(std::span<const uint8_t> payload, AuthMessage* out, std::string
 // is wrong or it speaks another protocol, TimeoutError when the deadline passes.
 void authenticate_client(int fd, const std::string& token, const Deadline& deadline,
                          const std::string& where);
-
-// ---- Rules shared by every Store implementation ----
-
-// Throw InvalidArgumentError naming the limit when a key, a value or a key list is
-// too large for the Store contract.
-void check_key(const std::string& key);
-void check_value(const std::string& key, const Bytes& value);
-void check_keys(const std::vector<std::string>& keys);
-
-// add(): `current` is the key's value (nullptr when absent). Returns the new value;
-// throws InvalidArgumentError when `current` is not decimal int64 text or the sum
-// overflows.
-int64_t add_to_counter(const std::string& key, const Bytes* current, int64_t delta);
-Bytes counter_text(int64_t value);
-
-// compare_set(): whether `current` (nullptr when absent) matches `expected`.
-bool compare_matches(const Bytes* current, const Bytes& expected);
-
-// "'a', 'b' and 3 more": the first keys of a list of `total`, quoted, non-printable
-// bytes escaped.
-std::string quote_keys(const std::vector<std::string>& keys, size_t total);
-
-// Timeouts beyond kLongestWait count as kLongestWait, so that "forever"-sized values
-// cannot overflow deadline arithmetic; negative ones count as 0.
-inline constexpr std::chrono::milliseconds kLongestWait = std::chrono::hours(24 * 365 * 10);
-std::chrono::milliseconds bounded_timeout(std::chrono::milliseconds timeout);
-
-// The TimeoutError text of a get() or wait() whose deadline passed.
-std::string timeout_message(const std::string& what, std::chrono::milliseconds timeout,
-                            const std::vector<std::string>& missing, size_t missing_count);
 
 }  // namespace chorus::store_wire

@@ -24,27 +24,29 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "chorus/error.h"
 #include "chorus/store.h"
 #include "comm/common/allowlist.h"
 #include "comm/common/auth.h"
+#include "comm/common/handshake.h"
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "comm/store/server_frames.h"
+#include "comm/store/server_state.h"
 #include "comm/store/tcp_store_protocol.h"
 
 namespace chorus {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using store_wire::Op;
+using store_server::Clock;
+using store_server::ms_until;
 using store_wire::Reply;
-using store_wire::ReplyKind;
 using store_wire::Request;
 
 // epoll user data for the two non-client descriptors; clients count up from here.
@@ -70,123 +72,6 @@ struct Client {
   bool busy() const { return sending() || waiter != 0; }
 };
 
-// Milliseconds from `now` until `deadline` for epoll_wait (rounded up, at least 0).
-int ms_until(Clock::time_point deadline, Clock::time_point now) {
-  auto left = deadline - now;
-  if (left <= Clock::duration::zero()) return 0;
-  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  return static_cast<int>(std::min<int64_t>(ms, 1 << 30));
-}
-
-// Tells a refused client why, if its socket takes the few bytes at once; the caller
-// closes the connection.
-void send_refusal(int fd, const std::string& reason) {
-  store_wire::AuthMessage refusal;
-  refusal.kind = store_wire::AuthKind::kRefused;
-  refusal.message = reason;
-  Bytes frame = store_wire::encode_auth(refusal);
-  ssize_t ignored = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  (void)ignored;
-}
-
-// A parked GET or WAIT. `missing` counts its keys that do not exist right now.
-struct Waiter {
-  uint64_t client = 0;
-  Op op = Op::kWait;
-  std::vector<std::string> keys;  // distinct
-  size_t missing = 0;
-  Clock::time_point deadline;
-  uint64_t timeout_ms = 0;
-};
-
-// Parked requests, indexed by the keys they wait for and by deadline. Key creation
-// and deletion adjust each waiter's missing count, so waking costs O(waiters on key).
-class WaiterTable {
- public:
-  uint64_t park(Waiter waiter) {
-    uint64_t id = next_id_++;
-    for (const std::string& key : waiter.keys) by_key_[key].push_back(id);
-    by_deadline_.emplace(waiter.deadline, id);
-    waiters_.emplace(id, std::move(waiter));
-    return id;
-  }
-
-  // Returns the waiters whose last missing key this was.
-  std::vector<uint64_t> key_created(const std::string& key) {
-    std::vector<uint64_t> ready;
-    auto it = by_key_.find(key);
-    if (it == by_key_.end()) return ready;
-    for (uint64_t id : it->second) {
-      if (--waiters_.at(id).missing == 0) ready.push_back(id);
-    }
-    return ready;
-  }
-  void key_deleted(const std::string& key) {
-    auto it = by_key_.find(key);
-    if (it == by_key_.end()) return;
-    for (uint64_t id : it->second) ++waiters_.at(id).missing;
-  }
-
-  Waiter remove(uint64_t id) {
-    auto node = waiters_.extract(id);
-    Waiter& w = node.mapped();
-    for (const std::string& key : w.keys) unindex(key, id);
-    by_deadline_.erase({w.deadline, id});
-    return std::move(w);
-  }
-
-  std::vector<uint64_t> expired(Clock::time_point now) const {
-    std::vector<uint64_t> out;
-    for (auto it = by_deadline_.begin(); it != by_deadline_.end() && it->first <= now; ++it) {
-      out.push_back(it->second);
-    }
-    return out;
-  }
-  // Milliseconds until the earliest deadline (rounded up), -1 when none.
-  int next_timeout_ms(Clock::time_point now) const {
-    return by_deadline_.empty() ? -1 : ms_until(by_deadline_.begin()->first, now);
-  }
-
- private:
-  void unindex(const std::string& key, uint64_t id) {
-    auto it = by_key_.find(key);
-    if (it == by_key_.end()) return;
-    std::erase(it->second, id);
-    if (it->second.empty()) by_key_.erase(it);
-  }
-
-  uint64_t next_id_ = 1;
-  std::unordered_map<uint64_t, Waiter> waiters_;
-  std::unordered_map<std::string, std::vector<uint64_t>> by_key_;
-  std::set<std::pair<Clock::time_point, uint64_t>> by_deadline_;
-};
-
-std::vector<std::string> distinct(std::vector<std::string> keys) {
-  std::sort(keys.begin(), keys.end());
-  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  return keys;
-}
-
-Reply ok_reply() { return Reply{}; }
-Reply value_reply(Bytes value) {
-  Reply r;
-  r.kind = ReplyKind::kValue;
-  r.value = std::move(value);
-  return r;
-}
-Reply integer_reply(int64_t v) {
-  Reply r;
-  r.kind = ReplyKind::kInteger;
-  r.integer = v;
-  return r;
-}
-Reply bool_reply(bool v) {
-  Reply r;
-  r.kind = ReplyKind::kBool;
-  r.flag = v;
-  return r;
-}
-
 }  // namespace
 
 struct TcpStoreServer::Impl {
@@ -197,7 +82,7 @@ struct TcpStoreServer::Impl {
 
   std::string host;
   uint16_t port = 0;
-  std::string token;
+  handshake::Proofs proofs;
   net::AllowList allowlist;
   std::chrono::milliseconds auth_timeout;
   std::atomic<int> num_clients{0};
@@ -223,16 +108,8 @@ struct TcpStoreServer::Impl {
   void log_refusal(const std::string& address, const std::string& reason);
   void expire_authentications();
   int next_timeout_ms(Clock::time_point now) const;
-  const Bytes* find(const std::string& key) const;
   void handle(Client& client, Request& request);
-  void handle_add(Client& client, const Request& request);
-  void handle_compare_set(Client& client, Request& request);
-  size_t count_missing(const std::vector<std::string>& keys) const;
-  void park(Client& client, Request& request);
-  void put(const std::string& key, Bytes value);
-  bool erase(const std::string& key);
-  void finish_waiter(uint64_t waiter_id, bool timed_out);
-  Reply timeout_reply(const Waiter& waiter) const;
+  void deliver_answers();
   void expire_waiters();
   void serve_touched();
   void send_reply(Client& client, const Reply& reply);
@@ -240,9 +117,8 @@ struct TcpStoreServer::Impl {
   void drop(Client& client, const std::string& reason, bool warn);
   void drop_all(const std::string& reason);
 
-  std::unordered_map<std::string, Bytes> data_;
+  store_server::ServerState state_;
   std::unordered_map<uint64_t, std::unique_ptr<Client>> clients_;
-  WaiterTable waiters_;
   // Clients given a reply by another client's request, served after the current event.
   std::vector<uint64_t> touched_;
   // Connections still to authenticate, by deadline.
@@ -254,7 +130,8 @@ struct TcpStoreServer::Impl {
 TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t requested_port,
                            const TcpStoreServerOptions& options)
     : host(host_in),
-      token(options.job_token ? *options.job_token : settings::job_token()),
+      proofs(options.job_token ? *options.job_token : settings::job_token(),
+             store_wire::kAuthContext),
       auth_timeout(std::max(options.auth_timeout, std::chrono::milliseconds(1))) {
   // Before the port is bound: a bad allow-list fails the start, not each connection.
   if (!options.allowlist_file) {
@@ -309,7 +186,7 @@ bool TcpStoreServer::Impl::loop_once() {
 }
 
 int TcpStoreServer::Impl::next_timeout_ms(Clock::time_point now) const {
-  int waiters = waiters_.next_timeout_ms(now);
+  int waiters = state_.next_timeout_ms(now);
   if (auth_deadlines_.empty()) return waiters;
   int auth = ms_until(auth_deadlines_.begin()->first, now);
   return waiters < 0 ? auth : std::min(waiters, auth);
@@ -358,7 +235,7 @@ void TcpStoreServer::Impl::accept_clients() {
       log_refusal(peer.str(), why);
       // It has sent nothing yet, so closing does not reset the connection before the
       // client reads why.
-      send_refusal(fd.get(), why);
+      store_server::send_refusal(fd.get(), why);
       continue;
     }
     auto client = std::make_unique<Client>();
@@ -377,10 +254,7 @@ void TcpStoreServer::Impl::accept_clients() {
     CHORUS_LOG(kDebug, "store server: client " << client->address << " connected");
     client->server_nonce = auth::make_nonce();
     client->auth_deadline = Clock::now() + auth_timeout;
-    store_wire::AuthMessage hello;
-    hello.kind = store_wire::AuthKind::kServerHello;
-    hello.nonce = client->server_nonce;
-    client->out = store_wire::encode_auth(hello);
+    client->out = store_server::hello_frame(client->server_nonce);
     auth_deadlines_.emplace(client->auth_deadline, client->id);
     uint64_t id = client->id;
     clients_.emplace(id, std::move(client));
@@ -482,24 +356,16 @@ bool TcpStoreServer::Impl::flush(Client& client) {
 // soon as the prefix is in, so an oversized frame is refused before it is buffered.
 TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& client,
                                                                    Request* request) {
-  constexpr size_t kPrefix = store_wire::kLengthPrefixBytes;
-  if (client.in.size() < kPrefix) return FrameResult::kIncomplete;
-  uint32_t length = store_wire::read_length_prefix(client.in.data());
   std::string reason;
-  if (!store_wire::check_frame_length(length, &reason)) {
-    drop(client, reason, true);
-    return FrameResult::kDropped;
+  switch (store_server::take_request(client.in, request, &reason)) {
+    case store_server::Take::kIncomplete:
+      return FrameResult::kIncomplete;
+    case store_server::Take::kRefused:
+      drop(client, reason, true);
+      return FrameResult::kDropped;
+    case store_server::Take::kReady:
+      break;
   }
-  if (client.in.size() < kPrefix + length) {
-    client.in.reserve(kPrefix + length);  // length was checked above
-    return FrameResult::kIncomplete;
-  }
-  std::span<const uint8_t> payload(client.in.data() + kPrefix, length);
-  if (!store_wire::decode_request(payload, request, &reason)) {
-    drop(client, reason, true);
-    return FrameResult::kDropped;
-  }
-  client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
   if (client.in.empty() && client.in.capacity() > kReadChunk) Bytes().swap(client.in);
   return FrameResult::kReady;
 }
@@ -507,47 +373,19 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& clien
 // Takes the client's CLIENT_PROOF out of its input and checks it. kReady when the
 // client is now authenticated (SERVER_PROOF queued); kDropped when it was refused.
 TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& client) {
-  constexpr size_t kPrefix = store_wire::kLengthPrefixBytes;
-  if (client.in.size() < kPrefix) return FrameResult::kIncomplete;
-  uint32_t length = store_wire::read_length_prefix(client.in.data());
   std::string reason;
-  if (!store_wire::check_auth_frame_length(length, &reason)) {
-    refuse(client, reason);
-    return FrameResult::kDropped;
+  switch (store_server::take_client_proof(client.in, proofs, client.server_nonce, &client.out,
+                                          &reason)) {
+    case store_server::Take::kIncomplete:
+      return FrameResult::kIncomplete;
+    case store_server::Take::kRefused:
+      refuse(client, reason);
+      return FrameResult::kDropped;
+    case store_server::Take::kReady:
+      break;
   }
-  if (client.in.size() < kPrefix + length) return FrameResult::kIncomplete;
-  store_wire::AuthMessage message;
-  std::span<const uint8_t> payload(client.in.data() + kPrefix, length);
-  if (!store_wire::decode_auth(payload, &message, &reason)) {
-    refuse(client, reason);
-    return FrameResult::kDropped;
-  }
-  if (message.kind != store_wire::AuthKind::kClientProof) {
-    refuse(client, "expected CLIENT_PROOF, got authentication kind " +
-                       std::to_string(static_cast<int>(message.kind)));
-    return FrameResult::kDropped;
-  }
-  if (message.version != store_wire::kAuthVersion) {
-    refuse(client, "authentication version differs (client " + std::to_string(message.version) +
-                       ", here " + std::to_string(store_wire::kAuthVersion) + ")");
-    return FrameResult::kDropped;
-  }
-  auth::Proof expected = auth::prove(token, store_wire::kAuthContext, auth::Role::kClient,
-                                     message.nonce, client.server_nonce);
-  if (!auth::same_proof(message.proof, expected)) {
-    client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
-    refuse(client, auth::kTokenMismatch);
-    return FrameResult::kDropped;
-  }
-  client.in.erase(client.in.begin(), client.in.begin() + kPrefix + length);
   client.authenticated = true;
   auth_deadlines_.erase({client.auth_deadline, client.id});
-  store_wire::AuthMessage answer;
-  answer.kind = store_wire::AuthKind::kServerProof;
-  answer.proof = auth::prove(token, store_wire::kAuthContext, auth::Role::kServer, message.nonce,
-                             client.server_nonce);
-  Bytes frame = store_wire::encode_auth(answer);
-  client.out.insert(client.out.end(), frame.begin(), frame.end());
   CHORUS_LOG(kDebug, "store server: client " << client.address << " authenticated");
   return FrameResult::kReady;
 }
@@ -556,7 +394,7 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& cli
 // socket takes it, and logs it with its address.
 void TcpStoreServer::Impl::refuse(Client& client, const std::string& reason) {
   log_refusal(client.address, reason);
-  if (!client.sending()) send_refusal(client.fd.get(), reason);  // else it would interleave
+  if (!client.sending()) store_server::send_refusal(client.fd.get(), reason);  // else it would interleave
   drop(client, "refused: " + reason, false);
 }
 
@@ -565,121 +403,29 @@ void TcpStoreServer::Impl::log_refusal(const std::string& address, const std::st
                                        << address << ": " << reason);
 }
 
-const Bytes* TcpStoreServer::Impl::find(const std::string& key) const {
-  auto it = data_.find(key);
-  return it == data_.end() ? nullptr : &it->second;
-}
-
 void TcpStoreServer::Impl::handle(Client& client, Request& request) {
-  switch (request.op) {
-    case Op::kSet:
-      put(request.key, std::move(request.value));
-      return send_reply(client, ok_reply());
-    case Op::kGet:
-      if (const Bytes* value = find(request.key)) return send_reply(client, value_reply(*value));
-      return park(client, request);
-    case Op::kAdd:
-      return handle_add(client, request);
-    case Op::kCompareSet:
-      return handle_compare_set(client, request);
-    case Op::kCheck:
-      return send_reply(client, bool_reply(count_missing(request.keys) == 0));
-    case Op::kWait:
-      if (count_missing(request.keys) == 0) return send_reply(client, ok_reply());
-      return park(client, request);
-    case Op::kDelete:
-      return send_reply(client, bool_reply(erase(request.key)));
-    case Op::kNumKeys:
-      return send_reply(client, integer_reply(static_cast<int64_t>(data_.size())));
+  if (std::optional<Reply> reply = state_.apply(client.id, request, &client.waiter)) {
+    send_reply(client, *reply);
   }
+  deliver_answers();
 }
 
-void TcpStoreServer::Impl::handle_add(Client& client, const Request& request) {
-  int64_t sum = 0;
-  try {
-    sum = store_wire::add_to_counter(request.key, find(request.key), request.delta);
-  } catch (const InvalidArgumentError& e) {
-    Reply reply;
-    reply.kind = ReplyKind::kInvalidArgument;
-    reply.message = e.what();
-    return send_reply(client, reply);
+// Queues the answers of parked requests that finished; their clients are served after
+// the current event.
+void TcpStoreServer::Impl::deliver_answers() {
+  for (store_server::Answer& answer : state_.take_answers()) {
+    auto it = clients_.find(answer.client);
+    if (it == clients_.end()) continue;
+    Client& client = *it->second;
+    client.waiter = 0;
+    send_reply(client, answer.reply);
+    touched_.push_back(client.id);
   }
-  put(request.key, store_wire::counter_text(sum));
-  send_reply(client, integer_reply(sum));
-}
-
-void TcpStoreServer::Impl::handle_compare_set(Client& client, Request& request) {
-  const Bytes* current = find(request.key);
-  if (!store_wire::compare_matches(current, request.expected)) {
-    return send_reply(client, value_reply(current ? *current : Bytes()));
-  }
-  Reply reply = value_reply(request.value);
-  put(request.key, std::move(request.value));
-  send_reply(client, reply);
-}
-
-size_t TcpStoreServer::Impl::count_missing(const std::vector<std::string>& keys) const {
-  return static_cast<size_t>(
-      std::count_if(keys.begin(), keys.end(), [&](const std::string& k) { return !find(k); }));
-}
-
-void TcpStoreServer::Impl::park(Client& client, Request& request) {
-  Waiter waiter;
-  waiter.client = client.id;
-  waiter.op = request.op;
-  waiter.keys = request.op == Op::kGet ? std::vector<std::string>{std::move(request.key)}
-                                       : distinct(std::move(request.keys));
-  waiter.missing = count_missing(waiter.keys);
-  waiter.timeout_ms = request.timeout_ms;
-  auto timeout = std::min<uint64_t>(request.timeout_ms, store_wire::kLongestWait.count());
-  waiter.deadline = Clock::now() + std::chrono::milliseconds(timeout);
-  // A zero timeout is answered by expire_waiters() at the end of this loop turn.
-  client.waiter = waiters_.park(std::move(waiter));
-}
-
-void TcpStoreServer::Impl::put(const std::string& key, Bytes value) {
-  bool created = data_.insert_or_assign(key, std::move(value)).second;
-  if (!created) return;
-  for (uint64_t waiter_id : waiters_.key_created(key)) finish_waiter(waiter_id, false);
-}
-
-bool TcpStoreServer::Impl::erase(const std::string& key) {
-  if (data_.erase(key) == 0) return false;
-  waiters_.key_deleted(key);
-  return true;
-}
-
-// Answers a parked request: with its result when `timed_out` is false, else with
-// the keys still missing.
-void TcpStoreServer::Impl::finish_waiter(uint64_t waiter_id, bool timed_out) {
-  Waiter waiter = waiters_.remove(waiter_id);
-  auto it = clients_.find(waiter.client);
-  if (it == clients_.end()) return;
-  Client& client = *it->second;
-  client.waiter = 0;
-  if (timed_out) {
-    send_reply(client, timeout_reply(waiter));
-  } else if (waiter.op == Op::kGet) {
-    send_reply(client, value_reply(data_.at(waiter.keys.front())));
-  } else {
-    send_reply(client, ok_reply());
-  }
-  touched_.push_back(client.id);
-}
-
-Reply TcpStoreServer::Impl::timeout_reply(const Waiter& waiter) const {
-  Reply reply;
-  reply.kind = ReplyKind::kTimeout;
-  reply.missing_count = static_cast<uint32_t>(waiter.missing);
-  for (const std::string& key : waiter.keys) {
-    if (reply.keys.size() == store_wire::kMaxListedKeys) break;
-    if (!find(key)) reply.keys.push_back(key);
-  }
-  return reply;
 }
 
 void TcpStoreServer::Impl::expire_waiters() {
-  for (uint64_t waiter_id : waiters_.expired(Clock::now())) finish_waiter(waiter_id, true);
+  state_.expire(Clock::now());
+  deliver_answers();
   serve_touched();
 }
 
@@ -724,7 +470,7 @@ void TcpStoreServer::Impl::drop(Client& client, const std::string& reason, bool 
     CHORUS_LOG(kDebug, "store server on " << host << ":" << port << ": client " << client.address
                                           << " " << reason);
   }
-  if (client.waiter != 0) waiters_.remove(client.waiter);
+  if (client.waiter != 0) state_.cancel(client.waiter);
   if (!client.authenticated) auth_deadlines_.erase({client.auth_deadline, client.id});
   ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, client.fd.get(), nullptr);
   uint64_t id = client.id;  // a copy: erasing destroys `client`

@@ -7,8 +7,9 @@
 #include <cstring>
 
 #include "chorus/error.h"
-#include "comm/common/little_endian.h"
+#include "comm/common/handshake.h"
 #include "comm/common/socket.h"
+#include "comm/common/wire.h"
 
 namespace chorus::transport::tcp {
 namespace {
@@ -27,85 +28,34 @@ const char* kind_name(MessageKind kind) {
   return "unknown";
 }
 
-using wire_bytes::get_le;
-using wire_bytes::put_le;
+using wire::get_le;
 
-void put_u16(std::vector<uint8_t>& out, uint16_t v) { put_le(out, v, 2); }
-void put_u32(std::vector<uint8_t>& out, uint32_t v) { put_le(out, v, 4); }
 uint16_t get_u16(const uint8_t* p) { return static_cast<uint16_t>(get_le(p, 2)); }
 uint32_t get_u32(const uint8_t* p) { return static_cast<uint32_t>(get_le(p, 4)); }
 
-void put_string(std::vector<uint8_t>& out, const std::string& s) {
-  put_u32(out, static_cast<uint32_t>(s.size()));
-  out.insert(out.end(), s.begin(), s.end());
+// A message's writer with its header written, the payload length still to fill in
+// (framed()).
+wire::Writer start(MessageKind kind) {
+  wire::Writer w;
+  w.u32(kHelloMagic);
+  w.u16(static_cast<uint16_t>(kProtocolVersion));
+  w.u16(static_cast<uint16_t>(kind));
+  w.u32(0);
+  return w;
 }
 
-// A header and `payload`, the payload length filled in.
-std::vector<uint8_t> framed(MessageKind kind, const std::vector<uint8_t>& payload) {
-  std::vector<uint8_t> out;
-  out.reserve(kHeaderBytes + payload.size());
-  put_u32(out, kHelloMagic);
-  put_u16(out, static_cast<uint16_t>(kProtocolVersion));
-  put_u16(out, static_cast<uint16_t>(kind));
-  put_u32(out, static_cast<uint32_t>(payload.size()));
-  out.insert(out.end(), payload.begin(), payload.end());
-  return out;
+std::vector<uint8_t> framed(wire::Writer& w) {
+  w.u32_at(8, static_cast<uint32_t>(w.size() - kHeaderBytes));
+  return w.take();
 }
 
-// Reads fields from a payload, never past its end.
-class FieldReader {
- public:
-  explicit FieldReader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
-
-  bool u32(uint32_t* out, const char* field, std::string* reason) {
-    if (!have(4, field, reason)) return false;
-    *out = get_u32(bytes_.data() + pos_);
-    pos_ += 4;
-    return true;
-  }
-  bool u8(uint8_t* out, const char* field, std::string* reason) {
-    if (!have(1, field, reason)) return false;
-    *out = bytes_[pos_++];
-    return true;
-  }
-  template <size_t N>
-  bool array(std::array<uint8_t, N>* out, const char* field, std::string* reason) {
-    if (!have(N, field, reason)) return false;
-    std::memcpy(out->data(), bytes_.data() + pos_, N);
-    pos_ += N;
-    return true;
-  }
-  bool string(std::string* out, const char* field, std::string* reason) {
-    uint32_t length = 0;
-    if (!u32(&length, field, reason)) return false;
-    if (length > kMaxHelloString) {
-      *reason = std::string(field) + " of " + std::to_string(length) +
-                " bytes exceeds the limit of " + std::to_string(kMaxHelloString);
-      return false;
-    }
-    if (!have(length, field, reason)) return false;
-    out->assign(reinterpret_cast<const char*>(bytes_.data() + pos_), length);
-    pos_ += length;
-    return true;
-  }
-  bool finish(const char* message, std::string* reason) {
-    if (pos_ == bytes_.size()) return true;
-    *reason = std::string(message) + " has " + std::to_string(bytes_.size() - pos_) +
-              " bytes after its last field";
-    return false;
-  }
-
- private:
-  bool have(size_t n, const char* field, std::string* reason) {
-    if (bytes_.size() - pos_ >= n) return true;
-    *reason = std::string("truncated ") + field + " (" + std::to_string(bytes_.size() - pos_) +
-              " bytes left, " + std::to_string(n) + " needed)";
-    return false;
-  }
-
-  std::span<const uint8_t> bytes_;
-  size_t pos_ = 0;
-};
+// The reason of a decoder that read all its fields; `message` names it.
+bool finish(wire::Reader& in, const char* message, std::string* reason) {
+  std::string why;
+  if (in.finish(&why)) return true;
+  *reason = std::string(message) + ": " + why;
+  return false;
+}
 
 // The payload of a whole message of kind `want`; false with the reason otherwise.
 bool payload_of(std::span<const uint8_t> message, MessageKind want,
@@ -130,33 +80,37 @@ bool payload_of(std::span<const uint8_t> message, MessageKind want,
 }  // namespace
 
 std::vector<uint8_t> encode_hello(const Hello& h) {
-  std::vector<uint8_t> payload;
-  put_u32(payload, h.endian);
-  put_u32(payload, static_cast<uint32_t>(h.from_rank));
-  put_u32(payload, static_cast<uint32_t>(h.to_rank));
-  put_u32(payload, static_cast<uint32_t>(h.size));
-  put_string(payload, h.comm_id.substr(0, kMaxHelloString));
-  payload.insert(payload.end(), h.nonce.begin(), h.nonce.end());
-  return framed(MessageKind::kHello, payload);
+  wire::Writer w = start(MessageKind::kHello);
+  w.u32(h.endian);
+  w.u32(static_cast<uint32_t>(h.from_rank));
+  w.u32(static_cast<uint32_t>(h.to_rank));
+  w.u32(static_cast<uint32_t>(h.size));
+  w.text(std::string_view(h.comm_id).substr(0, kMaxHelloString));
+  w.array(h.nonce);
+  return framed(w);
 }
 
 std::vector<uint8_t> encode_challenge(const Challenge& c) {
-  return framed(MessageKind::kChallenge, std::vector<uint8_t>(c.nonce.begin(), c.nonce.end()));
+  wire::Writer w = start(MessageKind::kChallenge);
+  w.array(c.nonce);
+  return framed(w);
 }
 
 std::vector<uint8_t> encode_proof(const ProofMessage& p) {
-  return framed(MessageKind::kProof, std::vector<uint8_t>(p.proof.begin(), p.proof.end()));
+  wire::Writer w = start(MessageKind::kProof);
+  w.array(p.proof);
+  return framed(w);
 }
 
 std::vector<uint8_t> encode_verdict(const Verdict& v) {
-  std::vector<uint8_t> payload;
-  payload.push_back(v.accepted ? 1 : 0);
+  wire::Writer w = start(MessageKind::kVerdict);
+  w.u8(v.accepted ? 1 : 0);
   if (v.accepted) {
-    payload.insert(payload.end(), v.proof.begin(), v.proof.end());
+    w.array(v.proof);
   } else {
-    put_string(payload, v.refusal.substr(0, kMaxHelloString));
+    w.text(std::string_view(v.refusal).substr(0, kMaxHelloString));
   }
-  return framed(MessageKind::kVerdict, payload);
+  return framed(w);
 }
 
 bool decode_header(std::span<const uint8_t> header, MessageKind* kind, uint32_t* payload_length,
@@ -196,50 +150,53 @@ bool decode_header(std::span<const uint8_t> header, MessageKind* kind, uint32_t*
 bool decode_hello(std::span<const uint8_t> message, Hello* out, std::string* reason) {
   std::span<const uint8_t> payload;
   if (!payload_of(message, MessageKind::kHello, &payload, reason)) return false;
-  FieldReader in(payload);
+  wire::Reader in(payload);
   uint32_t from = 0, to = 0, size = 0;
   out->version = kProtocolVersion;
-  if (!in.u32(&out->endian, "byte order", reason) || !in.u32(&from, "rank", reason) ||
-      !in.u32(&to, "target rank", reason) || !in.u32(&size, "size", reason) ||
-      !in.string(&out->comm_id, "communicator id", reason) ||
-      !in.array(&out->nonce, "nonce", reason)) {
-    return false;
-  }
+  in.u32("byte order", &out->endian);
+  in.u32("rank", &from);
+  in.u32("target rank", &to);
+  in.u32("size", &size);
+  in.text("communicator id", kMaxHelloString, &out->comm_id);
+  in.array("nonce", &out->nonce);
   out->from_rank = static_cast<int32_t>(from);
   out->to_rank = static_cast<int32_t>(to);
   out->size = static_cast<int32_t>(size);
-  return in.finish("HELLO", reason);
+  return finish(in, "HELLO", reason);
 }
 
 bool decode_challenge(std::span<const uint8_t> message, Challenge* out, std::string* reason) {
   std::span<const uint8_t> payload;
   if (!payload_of(message, MessageKind::kChallenge, &payload, reason)) return false;
-  FieldReader in(payload);
-  return in.array(&out->nonce, "nonce", reason) && in.finish("CHALLENGE", reason);
+  wire::Reader in(payload);
+  in.array("nonce", &out->nonce);
+  return finish(in, "CHALLENGE", reason);
 }
 
 bool decode_proof(std::span<const uint8_t> message, ProofMessage* out, std::string* reason) {
   std::span<const uint8_t> payload;
   if (!payload_of(message, MessageKind::kProof, &payload, reason)) return false;
-  FieldReader in(payload);
-  return in.array(&out->proof, "proof", reason) && in.finish("PROOF", reason);
+  wire::Reader in(payload);
+  in.array("proof", &out->proof);
+  return finish(in, "PROOF", reason);
 }
 
 bool decode_verdict(std::span<const uint8_t> message, Verdict* out, std::string* reason) {
   std::span<const uint8_t> payload;
   if (!payload_of(message, MessageKind::kVerdict, &payload, reason)) return false;
-  FieldReader in(payload);
+  wire::Reader in(payload);
   uint8_t accepted = 0;
-  if (!in.u8(&accepted, "verdict", reason)) return false;
-  if (accepted > 1) {
-    *reason = "verdict " + std::to_string(accepted) + " is neither 0 (refused) nor 1 (accepted)";
-    return false;
+  if (in.u8("verdict", &accepted) && accepted > 1) {
+    in.fail("verdict " + std::to_string(accepted) + " is neither 0 (refused) nor 1 (accepted)");
   }
   out->accepted = accepted == 1;
   out->refusal.clear();
-  bool ok = out->accepted ? in.array(&out->proof, "proof", reason)
-                          : in.string(&out->refusal, "refusal", reason);
-  return ok && in.finish("VERDICT", reason);
+  if (out->accepted) {
+    in.array("proof", &out->proof);
+  } else {
+    in.text("refusal", kMaxHelloString, &out->refusal);
+  }
+  return finish(in, "VERDICT", reason);
 }
 
 std::string proof_context(const std::string& comm_id, int from_rank, int to_rank, int size) {
@@ -293,6 +250,16 @@ MessageKind kind_of(std::span<const uint8_t> message) {
   return static_cast<MessageKind>(get_u16(message.data() + 6));
 }
 
+namespace {
+
+// The proofs of the connection `hello` asks for.
+handshake::Proofs proofs_for(const Hello& hello, const std::string& token) {
+  return handshake::Proofs(
+      token, proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size));
+}
+
+}  // namespace
+
 void client_handshake(int fd, const Hello& hello, const std::string& token,
                       const Deadline& deadline, const std::string& what) {
   std::string reason;
@@ -310,19 +277,17 @@ void client_handshake(int fd, const Hello& hello, const std::string& token,
   if (kind_of(message) == MessageKind::kVerdict) refused(message);
   Challenge challenge;
   if (!decode_challenge(message, &challenge, &reason)) throw PeerError(what + ": " + reason);
-  std::string context = proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size);
+  handshake::Proofs proofs = proofs_for(hello, token);
   ProofMessage proof;
-  proof.proof = auth::prove(token, context, auth::Role::kClient, hello.nonce, challenge.nonce);
+  proof.proof = proofs.client({hello.nonce, challenge.nonce});
   send_message(fd, encode_proof(proof), deadline, what + ": sending the proof of the job token");
   message = read_message(fd, deadline, what + ": waiting for the verdict");
   Verdict verdict;
   if (!decode_verdict(message, &verdict, &reason)) throw PeerError(what + ": " + reason);
   if (!verdict.accepted) refused(message);
-  auth::Proof expected =
-      auth::prove(token, context, auth::Role::kServer, hello.nonce, challenge.nonce);
-  if (!auth::same_proof(verdict.proof, expected)) {
-    throw PeerError(what + ": the peer could not prove it holds the job token: " +
-                    auth::kTokenMismatch + " (another process listens at its address?)");
+  if (!proofs.server_proved({hello.nonce, challenge.nonce}, verdict.proof)) {
+    throw PeerError(handshake::server_unproven(what + ": the peer", "the job token",
+                                               "another process listens at its address?"));
   }
 }
 
@@ -438,10 +403,10 @@ void ServerHandshake::on_message() {
   }
   ProofMessage proof;
   if (!decode_proof(message, &proof, &reason)) return refuse("malformed proof: " + reason);
-  std::string context = proof_context(hello_.comm_id, hello_.from_rank, hello_.to_rank, hello_.size);
-  auth::Proof wanted = auth::prove(expected_->token, context, auth::Role::kClient, hello_.nonce,
-                                   challenge_.nonce);
-  if (!auth::same_proof(proof.proof, wanted)) return refuse(auth::kTokenMismatch);
+  if (!proofs_for(hello_, expected_->token).client_proved({hello_.nonce, challenge_.nonce},
+                                                           proof.proof)) {
+    return refuse(auth::kTokenMismatch);
+  }
   stage_ = Stage::kDecide;
   status_ = Status::kAuthenticated;
 }
@@ -449,9 +414,7 @@ void ServerHandshake::on_message() {
 void ServerHandshake::accept() {
   Verdict verdict;
   verdict.accepted = true;
-  std::string context = proof_context(hello_.comm_id, hello_.from_rank, hello_.to_rank, hello_.size);
-  verdict.proof = auth::prove(expected_->token, context, auth::Role::kServer, hello_.nonce,
-                              challenge_.nonce);
+  verdict.proof = proofs_for(hello_, expected_->token).server({hello_.nonce, challenge_.nonce});
   status_ = Status::kBusy;
   queue(encode_verdict(verdict), Stage::kVerdict);
 }
