@@ -1,10 +1,11 @@
-#include "util/expected.h"
+#include "patterns/expected.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 namespace chorus::test {
 
@@ -146,6 +147,7 @@ class Mismatches {
            << seen;
     }
   }
+  size_t count() const { return count_; }
   std::string text(size_t n) const {
     if (count_ == 0) return "";
     std::ostringstream s;
@@ -263,13 +265,13 @@ void fill_periodic(S* out, size_t first, size_t n, size_t period, const Value& v
 }
 
 template <class S, class Value, class Accept>
-std::string check_periodic(const S* in, size_t first, size_t n, size_t period, const Value& value,
-                           const Accept& accept) {
+Mismatches compare_periodic(const S* in, size_t first, size_t n, size_t period,
+                            const Value& value, const Accept& accept) {
   Mismatches bad;
   std::vector<S> table = period_table<S>(period, n, value);
   if (table.empty()) {
     compare_elements(in, first, n, value, accept, bad);
-    return bad.text(n);
+    return bad;
   }
   for (size_t k = 0; k < n;) {
     const size_t j = (first + k) % period, run = std::min(period - j, n - k);
@@ -278,7 +280,13 @@ std::string check_periodic(const S* in, size_t first, size_t n, size_t period, c
     }
     k += run;
   }
-  return bad.text(n);
+  return bad;
+}
+
+template <class S, class Value, class Accept>
+std::string check_periodic(const S* in, size_t first, size_t n, size_t period, const Value& value,
+                           const Accept& accept) {
+  return compare_periodic(in, first, n, period, value, accept).text(n);
 }
 
 bool exactly_equal(double want, double seen) { return want == seen; }
@@ -305,6 +313,41 @@ size_t move_period(DataType dtype) {
     case DataType::kUInt8:
     case DataType::kInt8: return 256;
     default: return 0;  // not periodic within any buffer used here; cheap to compute
+  }
+}
+
+// The b() (or prod) part of index j reduced over `size` ranks in two's complement
+// arithmetic modulo 2^64, which narrowing to a smaller integer type keeps exact.
+uint64_t wrapped_fold(ReduceOp op, bool is_signed_type, int size, size_t j) {
+  auto part = [&](int r) {
+    return static_cast<uint64_t>(op == ReduceOp::kProd ? prod_part(is_signed_type, r, j)
+                                                       : base_part(is_signed_type, r, j));
+  };
+  uint64_t acc = part(0);
+  for (int r = 1; r < size; ++r) {
+    const uint64_t v = part(r);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMin:
+        acc = static_cast<uint64_t>(std::min(static_cast<int64_t>(acc), static_cast<int64_t>(v)));
+        break;
+      case ReduceOp::kMax:
+        acc = static_cast<uint64_t>(std::max(static_cast<int64_t>(acc), static_cast<int64_t>(v)));
+        break;
+    }
+  }
+  return acc;
+}
+
+// `value` (modulo 2^64) as an element of the integer type S: narrowing wraps around.
+template <class S>
+double narrow(uint64_t value) {
+  if constexpr (std::is_integral_v<S>) {
+    return static_cast<double>(static_cast<S>(value));
+  } else {
+    return static_cast<double>(static_cast<int64_t>(value));  // not used for floating types
   }
 }
 
@@ -340,6 +383,7 @@ ReduceExpectation::ReduceExpectation(DataType dtype, ReduceOp op, int size)
   const bool sgn = is_signed(dtype);
   const size_t period = op == ReduceOp::kProd ? kProdPeriod : kBasePeriod;
   table_.resize(period);
+  wrapped_.resize(period);
   for (size_t j = 0; j < period; ++j) {
     double acc = op == ReduceOp::kProd ? static_cast<double>(prod_part(sgn, 0, j))
                                        : static_cast<double>(base_part(sgn, 0, j));
@@ -355,6 +399,7 @@ ReduceExpectation::ReduceExpectation(DataType dtype, ReduceOp op, int size)
       }
     }
     table_[j] = acc;
+    wrapped_[j] = wrapped_fold(op, sgn, size, j);
   }
 }
 
@@ -391,6 +436,33 @@ std::string ReduceExpectation::check(const void* buf, size_t first, size_t n) co
   });
 }
 
+size_t ReduceExpectation::count_wrong(const void* buf, size_t first, size_t n,
+                                      double rel_tolerance) const {
+  return visit(dtype_, [&](auto tag) {
+    using S = decltype(tag);
+    // The result as an element of dtype: integers wrap around, floating values round
+    // (a sum past the type's range is infinite on both sides).
+    auto result = [&](size_t i) -> double {
+      if (is_floating(dtype_)) return decode(encode<S>(exact(i)));
+      if (op_ == ReduceOp::kProd) return narrow<S>(wrapped_[i % kProdPeriod]);
+      const uint64_t b = wrapped_[i % kBasePeriod];
+      const uint64_t h = static_cast<uint64_t>(static_cast<int64_t>(shared_part(dtype_, i)));
+      switch (op_) {
+        case ReduceOp::kMin:
+        case ReduceOp::kMax: return narrow<S>(b + h);
+        case ReduceOp::kAvg:  // the wrapped sum, divided truncating toward zero
+          return std::trunc(narrow<S>(b + static_cast<uint64_t>(size_) * h) / size_);
+        default: return narrow<S>(b + static_cast<uint64_t>(size_) * h);
+      }
+    };
+    auto accept = [&](double want, double seen) {
+      return seen == want || std::fabs(seen - want) <= rel_tolerance * std::max(1.0, std::fabs(want));
+    };
+    return compare_periodic(static_cast<const S*>(buf), first, n, reduce_period(dtype_, op_),
+                            result, accept).count();
+  });
+}
+
 // ----- data movement -----
 
 double move_value(DataType dtype, int rank, size_t index) {
@@ -421,6 +493,15 @@ std::string check_move(DataType dtype, int rank, const void* buf, size_t first, 
     using S = decltype(tag);
     return check_periodic(static_cast<const S*>(buf), first, n, move_period(dtype),
                           [&](size_t i) { return move_value(dtype, rank, i); }, exactly_equal);
+  });
+}
+
+size_t count_wrong_move(DataType dtype, int rank, const void* buf, size_t first, size_t n) {
+  return visit(dtype, [&](auto tag) {
+    using S = decltype(tag);
+    return compare_periodic(static_cast<const S*>(buf), first, n, move_period(dtype),
+                            [&](size_t i) { return move_value(dtype, rank, i); }, exactly_equal)
+        .count();
   });
 }
 

@@ -1,0 +1,188 @@
+#include "measure.h"
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "patterns/expected.h"
+
+namespace chorus::bench {
+namespace {
+
+// Relative tolerance of a float result: a few roundings of the element type per rank.
+double tolerance(DataType dtype, int ranks) {
+  switch (dtype) {
+    case DataType::kFloat32: return 1e-6 * ranks;
+    case DataType::kFloat64: return 1e-14 * ranks;
+    case DataType::kFloat16: return 1e-3 * ranks;
+    case DataType::kBFloat16: return 8e-3 * ranks;
+    default: return 0;  // integers are exact (modulo wrap-around)
+  }
+}
+
+// Element counts of one row: `count` as printed, `block` per rank, and the lengths of
+// this rank's buffers.
+struct Shape {
+  size_t count, block, send_count, recv_count;
+};
+
+Shape shape_of(const CollectiveInfo& info, size_t elements, int rank, int size) {
+  if (!info.blocked) {
+    bool root_only = info.collective == Collective::kReduce && rank != kRoot;
+    return {elements, elements, elements, root_only ? 0 : elements};
+  }
+  size_t block = elements / size, all = block * size;
+  switch (info.collective) {
+    case Collective::kAllgather:
+    case Collective::kAllgatherv: return {all, block, block, all};
+    case Collective::kGather: return {all, block, block, rank == kRoot ? all : 0};
+    case Collective::kScatter: return {all, block, rank == kRoot ? all : 0, block};
+    case Collective::kReduceScatter: return {all, block, all, block};
+    default: return {all, block, all, all};  // alltoall
+  }
+}
+
+Work issue(Bench& b, const Shape& s) {
+  Communicator& c = b.comm;
+  const void* in = b.send.data();
+  void* out = b.recv.data();
+  DataType t = b.options.dtype;
+  ReduceOp op = b.options.op;
+  switch (b.info.collective) {
+    case Collective::kAllreduce: return c.allreduce(in, out, s.count, t, op);
+    case Collective::kBroadcast: return c.broadcast(in, out, s.count, t, kRoot);
+    case Collective::kReduce: return c.reduce(in, out, s.count, t, op, kRoot);
+    case Collective::kAllgather: return c.allgather(in, out, s.block, t);
+    case Collective::kAllgatherv: {
+      const std::vector<size_t> counts(static_cast<size_t>(c.size()), s.block);
+      return c.allgatherv(in, s.block, out, counts, {}, t);
+    }
+    case Collective::kReduceScatter: return c.reduce_scatter(in, out, s.block, t, op);
+    case Collective::kAlltoall: return c.alltoall(in, out, s.block, t);
+    case Collective::kAlltoallv: {
+      const std::vector<size_t> counts(static_cast<size_t>(c.size()), s.block);
+      return c.alltoallv(in, counts, {}, out, counts, {}, t);
+    }
+    case Collective::kGather: return c.gather(in, out, s.block, t, kRoot);
+    case Collective::kScatter: return c.scatter(in, out, s.block, t, kRoot);
+    case Collective::kSendRecv: {
+      // Ops run in issue order: the second one's Work completes after both.
+      const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
+      if (c.rank() % 2 == 0) {
+        c.send(in, s.count, t, next);
+        return c.recv(out, s.count, t, prev);
+      }
+      c.recv(out, s.count, t, prev);
+      return c.send(in, s.count, t, next);
+    }
+  }
+  throw std::logic_error("unknown collective");
+}
+
+// Average microseconds per op over `iters` back-to-back ops, the maximum over ranks.
+double time_op(Bench& b, const Shape& s) {
+  for (int i = 0; i < b.options.warmup; ++i) issue(b, s).wait();
+  b.comm.barrier().wait();
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < b.options.iters; ++i) issue(b, s).wait();
+  std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
+  double us = elapsed.count() / b.options.iters;
+  b.comm.allreduce(&us, 1, DataType::kFloat64, ReduceOp::kMax).wait();
+  return us;
+}
+
+// Every element of data[0..count) set to -3 (253 for u8): no result of any pattern in
+// the places the check reads, so that an element the op did not write counts as wrong.
+void poison(void* data, DataType dtype, size_t count) {
+  const size_t elem = dtype_size(dtype);
+  std::byte one[8];
+  test::store_element(dtype, one, 0, test::is_signed(dtype) ? -3.0 : 253.0);
+  for (size_t i = 0; i < count; ++i) std::memcpy(static_cast<std::byte*>(data) + i * elem, one, elem);
+}
+
+// The wrong elements of this rank's receive buffer after one op of shape `s`.
+int64_t count_wrong(const Bench& b, const Shape& s) {
+  const DataType t = b.options.dtype;
+  const int rank = b.comm.rank(), size = b.comm.size();
+  const std::byte* out = b.recv.data();
+  const size_t block_bytes = s.block * dtype_size(t);
+  if (b.info.reduces) {
+    const size_t first = b.info.collective == Collective::kReduceScatter ? rank * s.block : 0;
+    return static_cast<int64_t>(test::ReduceExpectation(t, b.options.op, size)
+                                    .count_wrong(out, first, s.recv_count, tolerance(t, size)));
+  }
+  size_t wrong = 0;
+  switch (b.info.collective) {
+    case Collective::kBroadcast: wrong = test::count_wrong_move(t, kRoot, out, 0, s.recv_count); break;
+    case Collective::kSendRecv:
+      wrong = test::count_wrong_move(t, (rank + size - 1) % size, out, 0, s.recv_count);
+      break;
+    case Collective::kScatter:
+      wrong = test::count_wrong_move(t, kRoot, out, rank * s.block, s.recv_count);
+      break;
+    case Collective::kAllgather:
+    case Collective::kAllgatherv:
+    case Collective::kGather:  // block j of the result is rank j's send buffer
+      for (int j = 0; s.recv_count > 0 && j < size; ++j)
+        wrong += test::count_wrong_move(t, j, out + j * block_bytes, 0, s.block);
+      break;
+    case Collective::kAlltoall:
+    case Collective::kAlltoallv:  // block j is rank j's block for this rank
+      for (int j = 0; j < size; ++j)
+        wrong += test::count_wrong_move(t, j, out + j * block_bytes, rank * s.block, s.block);
+      break;
+    default: throw std::logic_error("no check for this collective");
+  }
+  return static_cast<int64_t>(wrong);
+}
+
+// One more op on a poisoned receive buffer; wrong elements summed over ranks.
+int64_t check_op(Bench& b, const Shape& s) {
+  poison(b.recv.data(), b.options.dtype, s.recv_count);
+  issue(b, s).wait();
+  int64_t wrong = count_wrong(b, s);
+  b.comm.allreduce(&wrong, 1, DataType::kInt64, ReduceOp::kSum).wait();
+  return wrong;
+}
+
+double bus_factor(Collective c, int n) {
+  switch (c) {
+    case Collective::kAllreduce: return 2.0 * (n - 1) / n;
+    case Collective::kReduceScatter:
+    case Collective::kAllgather:
+    case Collective::kAllgatherv:
+    case Collective::kAlltoall:
+    case Collective::kAlltoallv: return static_cast<double>(n - 1) / n;
+    default: return 1;
+  }
+}
+
+}  // namespace
+
+void prepare_buffers(Bench& b) {
+  const Options& o = b.options;
+  const size_t max_count = o.max_bytes / dtype_size(o.dtype);
+  b.send.resize(max_count * dtype_size(o.dtype));
+  b.recv.resize(b.send.size());
+  if (b.info.reduces) {
+    test::fill_reduce_input(o.dtype, o.op, b.comm.rank(), b.send.data(), 0, max_count);
+  } else {
+    test::fill_move(o.dtype, b.comm.rank(), b.send.data(), 0, max_count);
+  }
+}
+
+Row measure_size(Bench& b, uint64_t bytes) {
+  size_t elem = dtype_size(b.options.dtype);
+  Shape s = shape_of(b.info, bytes / elem, b.comm.rank(), b.comm.size());
+  Row r{s.count * elem, s.count, nullptr, 0, 0, 0, std::nullopt};
+  const std::string& c = b.options.collective;
+  r.algo = algorithm_name(b.comm.algorithm_for(c == "sendrecv" ? "send" : c.c_str(), r.bytes));
+  r.time_us = time_op(b, s);
+  r.algbw = r.time_us > 0 ? r.bytes / (r.time_us * 1e3) : 0;  // GB/s
+  r.busbw = r.algbw * bus_factor(b.info.collective, b.comm.size());
+  if (b.options.check) r.wrong = check_op(b, s);
+  return r;
+}
+
+}  // namespace chorus::bench

@@ -1,0 +1,103 @@
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+
+namespace chorus::bench {
+
+const std::map<std::string, CollectiveInfo> kCollectives = {
+    {"allreduce", {Collective::kAllreduce, true, false}},
+    {"broadcast", {Collective::kBroadcast, false, false}},
+    {"reduce", {Collective::kReduce, true, false}},
+    {"allgather", {Collective::kAllgather, false, true}},
+    // allgatherv with every count equal: allgather's data through the "v" path.
+    {"allgatherv", {Collective::kAllgatherv, false, true}},
+    {"reduce_scatter", {Collective::kReduceScatter, true, true}},
+    {"alltoall", {Collective::kAlltoall, false, true}},
+    // alltoallv with every count equal: alltoall's data through the "v" path, which
+    // first checks every pair's counts.
+    {"alltoallv", {Collective::kAlltoallv, false, true}},
+    {"gather", {Collective::kGather, false, true}},
+    {"scatter", {Collective::kScatter, false, true}},
+    // Point to point: every rank sends the row's bytes to the next rank and receives as
+    // many from the previous one (even ranks send first, odd ranks receive first).
+    {"sendrecv", {Collective::kSendRecv, false, false}},
+};
+
+namespace {
+
+const std::map<std::string, Algorithm> kAlgorithms = {
+    {"auto", Algorithm::kAuto}, {"ring", Algorithm::kRing},
+    {"rd", Algorithm::kRecursiveDoubling}, {"hd", Algorithm::kHalvingDoubling},
+    {"shm", Algorithm::kShmDirect}, {"hier", Algorithm::kHierarchical}};
+
+// A CLI11 check that accepts what `parse` accepts (chorus::parse_dtype/parse_op).
+template <class Parse>
+CLI::Validator parsed_by(const char* what, Parse parse) {
+  return CLI::Validator(
+      [=](std::string& text) {
+        return parse(text) ? std::string() : "unknown " + std::string(what) + " '" + text + "'";
+      },
+      what);
+}
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "chorus-bench: %s\n", message.c_str());
+  std::exit(2);
+}
+
+}  // namespace
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  std::string redop = "sum", dtype = "f32", algo;
+  int check = 1;
+  CLI::App app{"chorus collective benchmark (nccl-tests style)", "chorus-bench"};
+  app.add_option("-b,--minbytes", o.min_bytes, "smallest size, bytes (K/M/G suffixes)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("-e,--maxbytes", o.max_bytes, "largest size, bytes (default 256M)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("-f,--stepfactor", o.step_factor, "size multiplier")->check(CLI::Range(2, 1 << 20));
+  app.add_option("-o,--op", o.collective, "collective")->check(CLI::IsMember(kCollectives));
+  app.add_option("-r,--redop", redop, "sum, prod, min, max, avg")
+      ->check(parsed_by("REDOP", chorus::parse_op));
+  app.add_option("-d,--datatype", dtype, "f32, f64, f16, bf16, i8, u8, i32, i64")
+      ->check(parsed_by("TYPE", chorus::parse_dtype));
+  app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1 << 30));
+  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations")->check(CLI::Range(0, 1 << 30));
+  app.add_option("-c,--check", check, "verify results (0/1)")->check(CLI::Range(0, 1));
+  app.add_option("-a,--algo", algo, "auto, ring, rd, hd, shm, hier (default: CHORUS_ALGO)")
+      ->check(CLI::IsMember(kAlgorithms));
+  app.add_option("--np", o.np, "start N local ranks on 127.0.0.1")->check(CLI::Range(1, 1024));
+  app.add_option("--nodes", o.nodes,
+                 "with --np: split the ranks into K simulated nodes of consecutive ranks "
+                 "(CHORUS_NODE_ID=node<i>)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--timeout", o.timeout_s, "deadline of an --np run, seconds (default 900)")
+      ->check(CLI::Range(1, 7 * 24 * 3600));
+  std::string cpu_bind = "auto";
+  app.add_option("--cpu-bind", cpu_bind,
+                 "with --np: bind the ranks to CPUs as chorusrun does: auto (only when they "
+                 "outnumber the CPUs), share, none")
+      ->check(parsed_by("POLICY", run::parse_cpu_bind));
+  app.add_flag("--json", o.json, "print rows as JSON lines");
+  app.set_version_flag("--version", std::string("chorus-bench ") + CHORUS_VERSION);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
+  }
+  if (o.min_bytes == 0) usage_error("--minbytes must be at least 1");
+  if (o.min_bytes > o.max_bytes) usage_error("--minbytes must not exceed --maxbytes");
+  if (o.nodes > 0 && o.np == 0) usage_error("--nodes needs --np");
+  if (o.nodes > o.np) usage_error("--nodes must not exceed --np");
+  o.op = *chorus::parse_op(redop);
+  o.dtype = *chorus::parse_dtype(dtype);
+  o.check = check == 1;
+  o.cpu_bind = *run::parse_cpu_bind(cpu_bind);
+  if (!algo.empty()) o.algorithm = kAlgorithms.at(algo);
+  return o;
+}
+
+}  // namespace chorus::bench
