@@ -1068,12 +1068,14 @@ TEST(StoreFromEnvTest, CommunicatorFromEnvUsesItsOptionsConnectTimeout) {
   });
   ASSERT_EQ(done.wait_for(kTestDeadline), std::future_status::ready);
   const std::string message = done.get();
-  // The store waits for what is left of the connect deadline: at most the 700 ms given
-  // (the variable's 100 s would say 99999 or so).
+  // The store waits for what is left of the connect deadline, the 700 ms given, not the
+  // variable's 100 s (which would say 99999 or so). The message gives the time it
+  // actually waited, which on a loaded machine runs past 700 ms (802 ms seen): the
+  // bound tells the two deadlines apart without asserting on time.
   std::smatch m;
   const std::regex waited("timed out after ([0-9]+) ms");
   ASSERT_TRUE(std::regex_search(message, m, waited)) << message;
-  EXPECT_LE(std::stol(m[1].str()), 700) << message;
+  EXPECT_LT(std::stol(m[1].str()), 10000) << message;
 }
 
 TEST(StoreFromEnvTest, PortInUseIsReportedWithTheAddress) {
