@@ -26,6 +26,8 @@ struct TcpOptions {
   std::shared_ptr<const net::AllowList> allowlist;
 };
 
+// Defined in mesh.cc; the transport it returns is TcpTransport (tcp_transport_impl.h).
+//
 // Collective: every rank of the group calls it with the same store (already scoped to
 // the communicator) and options. Returns once this rank is connected to every other.
 // Throws TimeoutError naming the ranks that never published or connected, PeerError

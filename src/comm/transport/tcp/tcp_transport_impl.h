@@ -1,0 +1,142 @@
+// TcpTransport, the Transport over a full mesh of tcp streams (one Peer per rank,
+// peer.h), as connect_mesh (tcp_transport.h, defined in mesh.cc) returns it. Internal
+// to the tcp transport: nothing outside src/comm/transport/tcp/ includes it.
+//
+// One class, its members defined in two files by concern:
+// - stream.cc: posting sends and receives, driving the streams (non-blocking I/O,
+//   frame headers, poll()), interrupt, and the control frames of abort and close;
+// - diagnosis.cc: turning what went wrong into an error that names both sides: calls
+//   that disagree (the call history, waiting frames, the first frame of idle streams),
+//   peers that closed, died or aborted, and deadlines that passed.
+#pragma once
+
+#include <sys/eventfd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "chorus/error.h"
+#include "comm/common/socket.h"
+#include "comm/transport/tcp/frame.h"
+#include "comm/transport/tcp/peer.h"
+#include "comm/transport/transport.h"
+
+namespace chorus::transport::tcp {
+
+using Clock = std::chrono::steady_clock;
+
+// Collective calls remembered for frames that arrive after this rank has moved on (a
+// rank that completed a broadcast as a leaf, then reads a frame that the broadcast's
+// other root sent it): far more than ranks drift apart, which a peer's frames bound.
+constexpr size_t kCallHistory = 64;
+// How long a rank about to fail for a peer's frame it cannot explain (a peer already in
+// a later call) waits for frames from other peers that name the disagreement.
+constexpr auto kExplainWithin = std::chrono::milliseconds(200);
+
+// A collective call this rank made, for frames that name its sequence number.
+struct Call {
+  uint64_t seq = UINT64_MAX;  // UINT64_MAX: none
+  uint8_t code = 0;
+  Signature sig;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(int rank, int size, std::vector<Peer> peers)
+      : rank_(rank), size_(size), peers_(std::move(peers)),
+        wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (!wakeup_.valid()) net::throw_errno("eventfd", errno);
+  }
+  ~TcpTransport() override { close(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& host_of(int rank) const override { return peers_[rank].host; }
+  void begin(const OpInfo& op) override;
+
+  Request isend(int peer, const void* data, size_t len) override;
+  Request irecv(int peer, void* data, size_t len) override;
+  void wait(const Request& request) override;
+  bool test(const Request& request) const override { return done(request); }
+  void wait_all() override;
+  void interrupt(const std::string& reason) override;
+  void abort(const std::string& reason) override;
+  void close() override;
+
+ private:
+  // ---- stream.cc ----
+  void check_interrupt();
+  bool done(const Request& r) const {
+    const Peer& p = peers_[r.peer];
+    return r.is_send ? p.sends_done > r.index : p.recvs_done > r.index;
+  }
+  bool all_done() const;
+  template <class Pred> void drive_until(Pred pred);
+  bool progress_all();
+  bool progress_sends(int peer);
+  bool progress_recvs(int peer);
+  void poll_once();
+  void finish_header(int peer, RecvEntry& e, size_t payload_bytes_read);
+  void send_control(FrameKind kind, const std::string& text);
+
+  // ---- diagnosis.cc ----
+  void check_idle_peer(int peer, short revents);
+  [[noreturn]] void fail_mismatched(int peer, const RecvEntry& e);
+  // This rank's collective call whose sequence number ends in `seq` (frames carry the
+  // low 32 bits), when it made it and still remembers it.
+  const Call* call_of(uint32_t seq) const;
+  // Throws PeerError when `h` (from `peer`) names a call of this rank's with another
+  // operation or signature.
+  void check_against_call(int peer, const FrameHeader& h);
+  // Before failing with a message that cannot name the disagreement: throws the
+  // mismatch that the first frame on another stream (not `except`'s) names, waiting up
+  // to `within` for such frames to arrive.
+  void look_for_mismatch(int except, std::chrono::milliseconds within);
+  std::string describe_frame(const FrameHeader& h) const;
+  std::string describe_own(const Call& c) const;
+  void send_waiting_frames();
+  std::string read_control_text(int peer, const RecvEntry& e, size_t already);
+  [[noreturn]] void fail_timeout() const;
+  // The stream to `peer` broke: reports `what` with the peer's own reason when it sent
+  // an abort frame before closing, else as a dead peer.
+  [[noreturn]] void fail_closed(int peer, const std::string& what);
+  std::string salvage_abort_reason(int peer);
+  std::string other_dead_peers(int except) const;
+
+  // ---- the names in every message ----
+  std::string op_name() const { return std::string(op_.name) + " #" + std::to_string(op_.seq); }
+  std::string peer_name(int peer) const {
+    return "rank " + std::to_string(peer) + " (host " + peers_[peer].host + ", " +
+           peers_[peer].address + ")";
+  }
+  std::string here() const {
+    return "rank " + std::to_string(rank_) + " (host " + peers_[rank_].host + ")";
+  }
+  [[noreturn]] void fail_peer(int peer, const std::string& what) const {
+    throw PeerError(op_name() + " failed on " + here() + ": " + what);
+  }
+
+  int rank_, size_;
+  std::vector<Peer> peers_;
+  OpInfo op_;
+  uint64_t serial_ = 0;  // operations begun, this one included
+  Call calls_[kCallHistory];  // by sequence number modulo kCallHistory
+  uint64_t last_collective_ = UINT64_MAX;  // sequence number of the latest collective begun
+  // The current operation's slow path: when its first wait went to sleep in poll(),
+  // whether it has waited kSuspectAfter since (and looks further), and whether it has
+  // sent its waiting frames.
+  Clock::time_point first_sleep_{};
+  bool suspect_ = false, waiting_sent_ = false;
+  bool closed_ = false;
+  net::Fd wakeup_;  // eventfd: interrupt() makes poll() return
+  std::atomic<bool> interrupted_{false};
+  std::mutex interrupt_mutex_;
+  std::string interrupt_reason_;
+};
+
+}  // namespace chorus::transport::tcp
