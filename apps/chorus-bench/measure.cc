@@ -66,7 +66,7 @@ Work issue(Bench& b, const Shape& s) {
     }
     case Collective::kGather: return c.gather(in, out, s.block, t, kRoot);
     case Collective::kScatter: return c.scatter(in, out, s.block, t, kRoot);
-    case Collective::kSendRecv: {
+    case Collective::kSend: {
       // Ops run in issue order: the second one's Work completes after both.
       const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
       if (c.rank() % 2 == 0) {
@@ -76,6 +76,8 @@ Work issue(Bench& b, const Shape& s) {
       c.recv(out, s.count, t, prev);
       return c.send(in, s.count, t, next);
     }
+    case Collective::kBarrier:
+    case Collective::kRecv: break;  // not in --op (options.cc)
   }
   throw std::logic_error("unknown collective");
 }
@@ -115,7 +117,7 @@ int64_t count_wrong(const Bench& b, const Shape& s) {
   size_t wrong = 0;
   switch (b.info.collective) {
     case Collective::kBroadcast: wrong = test::count_wrong_move(t, kRoot, out, 0, s.recv_count); break;
-    case Collective::kSendRecv:
+    case Collective::kSend:
       wrong = test::count_wrong_move(t, (rank + size - 1) % size, out, 0, s.recv_count);
       break;
     case Collective::kScatter:
@@ -176,8 +178,7 @@ Row measure_size(Bench& b, uint64_t bytes) {
   size_t elem = dtype_size(b.options.dtype);
   Shape s = shape_of(b.info, bytes / elem, b.comm.rank(), b.comm.size());
   Row r{s.count * elem, s.count, nullptr, 0, 0, 0, std::nullopt};
-  const std::string& c = b.options.collective;
-  r.algo = algorithm_name(b.comm.algorithm_for(c == "sendrecv" ? "send" : c.c_str(), r.bytes));
+  r.algo = algorithm_name(b.comm.algorithm_for(b.info.collective, r.bytes));
   r.time_us = time_op(b, s);
   r.algbw = r.time_us > 0 ? r.bytes / (r.time_us * 1e3) : 0;  // GB/s
   r.busbw = r.algbw * bus_factor(b.info.collective, b.comm.size());

@@ -22,7 +22,7 @@ const std::map<std::string, CollectiveInfo> kCollectives = {
     {"scatter", {Collective::kScatter, false, true}},
     // Point to point: every rank sends the row's bytes to the next rank and receives as
     // many from the previous one (even ranks send first, odd ranks receive first).
-    {"sendrecv", {Collective::kSendRecv, false, false}},
+    {"sendrecv", {Collective::kSend, false, false}},
 };
 
 namespace {

@@ -11,11 +11,8 @@
 
 namespace chorus::bench {
 
-enum class Collective { kAllreduce, kBroadcast, kReduce, kAllgather, kAllgatherv,
-                        kReduceScatter, kAlltoall, kAlltoallv, kGather, kScatter, kSendRecv };
-
 struct CollectiveInfo {
-  Collective collective;
+  Collective collective;  // "sendrecv" is kSend: rank pairs exchange with send and recv
   bool reduces;  // takes a ReduceOp
   bool blocked;  // a row's count is split into one block per rank
 };

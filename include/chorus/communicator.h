@@ -88,6 +88,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "chorus/defaults.h"
@@ -268,8 +269,14 @@ class Communicator {
   virtual void abort(const std::string& reason) = 0;
   virtual bool is_aborted() const = 0;
 
-  // The algorithm an operation of this kind and size would use now.
-  virtual Algorithm algorithm_for(const char* collective, size_t bytes) const = 0;
+  // The algorithm an operation of this kind and size would use now. `bytes` is what the
+  // choice looks at: allreduce, broadcast, reduce: count * element size; allgather,
+  // reduce_scatter, alltoall: the whole result (size * count elements); gather,
+  // scatter: one rank's block; the others ignore it.
+  virtual Algorithm algorithm_for(Collective collective, size_t bytes) const = 0;
+  // The same by collective_name() ("allreduce", ...); InvalidArgumentError naming the
+  // valid names for any other string.
+  Algorithm algorithm_for(std::string_view collective, size_t bytes) const;
 };
 
 }  // namespace chorus

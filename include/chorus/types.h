@@ -30,11 +30,37 @@ enum class ReduceOp : uint8_t {
   kAvg,
 };
 
+// The operations of a communicator, one spelling used everywhere: the issuing calls,
+// algorithm_for(), frame headers and shared-memory descriptors (as the byte value, send
+// and recv both as kSend since a recv must match its send), the flight recorder and
+// chorus-bench. The values are part of the wire format of one build, nothing more.
+enum class Collective : uint8_t {
+  kAllreduce = 1,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kAllgatherv,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAlltoall,
+  kAlltoallv,
+  kBarrier,
+  kSend,
+  kRecv,
+};
+
 inline constexpr DataType kAllDataTypes[] = {
     DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
     DataType::kInt8,    DataType::kUInt8,   DataType::kInt32,   DataType::kInt64};
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
                                              ReduceOp::kMax, ReduceOp::kAvg};
+inline constexpr Collective kAllCollectives[] = {
+    Collective::kAllreduce, Collective::kBroadcast,     Collective::kReduce,
+    Collective::kAllgather, Collective::kAllgatherv,    Collective::kReduceScatter,
+    Collective::kGather,    Collective::kScatter,       Collective::kAlltoall,
+    Collective::kAlltoallv, Collective::kBarrier,       Collective::kSend,
+    Collective::kRecv};
 
 // Size of one element in bytes.
 size_t dtype_size(DataType dtype);
@@ -43,10 +69,21 @@ size_t dtype_size(DataType dtype);
 // "bf16", "i8", "u8", "i32", "i64"; "sum", "prod", "min", "max", "avg".
 const char* dtype_name(DataType dtype);
 const char* op_name(ReduceOp op);
+// "allreduce", "broadcast", "reduce", "allgather", "allgatherv", "reduce_scatter",
+// "gather", "scatter", "alltoall", "alltoallv", "barrier", "send", "recv"; "?" for a
+// value outside the enum (a byte off the wire).
+const char* collective_name(Collective collective);
+// Whether `collective` is point-to-point (send, recv): numbered per stream, not per
+// communicator.
+constexpr bool is_p2p(Collective collective) {
+  return collective == Collective::kSend || collective == Collective::kRecv;
+}
 
 // Parse the names above (also "float", "double", "half", "int", ...). Empty on failure.
 std::optional<DataType> parse_dtype(std::string_view name);
 std::optional<ReduceOp> parse_op(std::string_view name);
+// The names of collective_name(), exactly.
+std::optional<Collective> parse_collective(std::string_view name);
 
 // IEEE binary16 and bfloat16 from and to float32 (round to nearest even, NaN kept a
 // NaN). The conversions chorus uses inside its reductions.

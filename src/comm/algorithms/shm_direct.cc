@@ -41,7 +41,7 @@
 namespace chorus::algorithms {
 namespace {
 
-using transport::op_code_of;
+using transport::wire_code;
 using transport::shm::ShmGroup;
 
 // Allreduce chunks of up to this many bytes, in groups of more than two, are reduced
@@ -352,7 +352,7 @@ void shm_allreduce(const Context& ctx, ShmGroup& g, const void* in, void* out, s
                                                   : kWholeBytes;
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(op_code_of("allreduce"));
+  g.expect(wire_code(Collective::kAllreduce));
   const bool stream = count * e >= kStreamBytes;
   for (size_t at = 0; at < count; at += chunk) {
     const size_t n = std::min(chunk, count - at);
@@ -385,7 +385,7 @@ void shm_reduce(const Context& ctx, ShmGroup& g, const void* in, void* out, size
   const size_t e = ctx.elem, chunk = g.buffer_bytes() / e;
   const auto* src = static_cast<const uint8_t*>(in);
   const bool is_root = g.local_rank() == root;
-  g.expect(op_code_of("reduce"));
+  g.expect(wire_code(Collective::kReduce));
   if (g.cma() && count * e >= kCmaReduceMinBytes && count * e < kCmaReduceMaxBytes) {
     return cma_reduce(ctx, g, src, static_cast<uint8_t*>(out), count, root);
   }
@@ -413,7 +413,7 @@ void shm_broadcast(const Context& ctx, ShmGroup& g, const void* send, void* buf,
   const bool is_root = g.local_rank() == root;
   const auto* from = static_cast<const uint8_t*>(send);
   auto* data = static_cast<uint8_t*>(buf);
-  g.expect(op_code_of("broadcast"));
+  g.expect(wire_code(Collective::kBroadcast));
   if (g.cma() && count * e >= kCmaBroadcastMinBytes) {
     return cma_broadcast(g, from, data, count * e, root);
   }
@@ -436,7 +436,7 @@ void shm_allgather_blocks(const Context& ctx, ShmGroup& g, const void* in, void*
   const size_t largest = block_count(total, p, 0);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(op_code_of("allgather"));
+  g.expect(wire_code(Collective::kAllgather));
   if (g.cma() && total * e >= kCmaAllgatherMinBytes) return cma_allgather(ctx, g, src, dst, total);
   for (size_t at = 0; at < largest; at += chunk) {
     const int b = g.next_buffer();
@@ -464,7 +464,7 @@ void shm_reduce_scatter_blocks(const Context& ctx, ShmGroup& g, const void* in, 
   const size_t largest = block_count(total, p, 0);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(op_code_of("reduce_scatter"));
+  g.expect(wire_code(Collective::kReduceScatter));
   if (g.cma() && total * e >= kCmaReduceScatterMinBytes) {
     return cma_reduce_scatter(ctx, g, src, dst, total, avg);
   }
@@ -493,7 +493,7 @@ void shm_reduce_scatter_blocks(const Context& ctx, ShmGroup& g, const void* in, 
 void shm_gather(const Context& ctx, ShmGroup& g, const void* in, void* out, size_t count,
                 int root) {
   const int me = g.local_rank(), p = g.local_size();
-  g.expect(op_code_of("gather"));
+  g.expect(wire_code(Collective::kGather));
   with_published_buffers(g, in, out, [&] {
     if (me != root || count == 0) return;
     std::vector<size_t> counts(p, count), displs(p);
@@ -506,7 +506,7 @@ void shm_scatter(const Context& ctx, ShmGroup& g, const void* in, void* out, siz
                  int root) {
   const size_t bytes = count * ctx.elem;
   const int me = g.local_rank();
-  g.expect(op_code_of("scatter"));
+  g.expect(wire_code(Collective::kScatter));
   with_published_buffers(g, in, out, [&] {
     if (bytes == 0) return;
     if (me != root) return g.read_peer(root, g.peer_in(root) + me * bytes, out, bytes);
@@ -520,7 +520,7 @@ void shm_alltoall(const Context& ctx, ShmGroup& g, const void* in, void* out, si
   const int me = g.local_rank(), p = g.local_size();
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(op_code_of("alltoall"));
+  g.expect(wire_code(Collective::kAlltoall));
   // In place, this rank overwrites the blocks its peers are reading: they read a copy.
   if (in == out && bytes > 0) {
     uint8_t* copy = ctx.scratch.get(bytes * p, 1);
@@ -555,7 +555,7 @@ int32_t shm_alltoallv(const Context& ctx, ShmGroup& g, const void* in,
   const int me = g.local_rank(), p = g.local_size();
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  g.expect(op_code_of("alltoallv"));
+  g.expect(wire_code(Collective::kAlltoallv));
   const int b = g.next_buffer();
   // Table of rank r: [0] its send buffer's address, 0 when the data is in the segment;
   // [1 + 3q] count to rank q, [2 + 3q] displacement (in the segment: packed), [3 + 3q]
@@ -637,14 +637,14 @@ void shm_allgatherv(const Context& ctx, ShmGroup& g, const void* in, void* out,
   uint64_t total = 0;
   for (int r = 0; r < p; ++r) total += counts[r];
   if (total == 0) return;
-  g.expect(op_code_of("allgatherv"));
+  g.expect(wire_code(Collective::kAllgatherv));
   with_published_buffers(g, in, out, [&] {
     read_blocks(ctx, g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), counts, displs);
   });
 }
 
 void shm_barrier(const Context&, ShmGroup& g) {
-  g.expect(op_code_of("barrier"));
+  g.expect(wire_code(Collective::kBarrier));
   g.arrive();
   g.wait_all();
 }

@@ -63,4 +63,30 @@ std::optional<ReduceOp> parse_op(std::string_view n) {
   return std::nullopt;
 }
 
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllreduce: return "allreduce";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduce: return "reduce";
+    case Collective::kAllgather: return "allgather";
+    case Collective::kAllgatherv: return "allgatherv";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kGather: return "gather";
+    case Collective::kScatter: return "scatter";
+    case Collective::kAlltoall: return "alltoall";
+    case Collective::kAlltoallv: return "alltoallv";
+    case Collective::kBarrier: return "barrier";
+    case Collective::kSend: return "send";
+    case Collective::kRecv: return "recv";
+  }
+  return "?";
+}
+
+std::optional<Collective> parse_collective(std::string_view n) {
+  for (Collective c : kAllCollectives) {
+    if (n == collective_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
 }  // namespace chorus

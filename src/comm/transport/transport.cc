@@ -8,11 +8,9 @@
 namespace chorus::transport {
 namespace {
 
-// Indices in kOpNames, as op_code_of() gives them.
-constexpr uint8_t kAllgathervCode = 5, kAlltoallvCode = 10, kBarrierCode = 11;
-static_assert(std::string_view(kOpNames[kAllgathervCode]) == "allgatherv" &&
-              std::string_view(kOpNames[kAlltoallvCode]) == "alltoallv" &&
-              std::string_view(kOpNames[kBarrierCode]) == "barrier");
+constexpr uint8_t kAllgathervCode = wire_code(Collective::kAllgatherv),
+                  kAlltoallvCode = wire_code(Collective::kAlltoallv),
+                  kBarrierCode = wire_code(Collective::kBarrier);
 
 std::string dtype_text(uint8_t dtype) {
   // A byte off the wire may be anything; dtype_name() of an unknown one is "?".
@@ -21,6 +19,12 @@ std::string dtype_text(uint8_t dtype) {
 }
 
 }  // namespace
+
+const char* op_code_name(uint8_t code) {
+  if (code == kConsistencyCheckCode) return "consistency check";
+  if (code == wire_code(Collective::kSend)) return "send/recv";
+  return collective_name(static_cast<Collective>(code));
+}
 
 uint64_t counts_digest(const size_t* counts, size_t n) {
   uint64_t h = 1469598103934665603ull;

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <string>
 
+#include "chorus/types.h"
 #include "comm/common/deadline.h"
 
 namespace chorus::transport {
@@ -46,24 +47,17 @@ enum class FrameKind : uint8_t {
   kWaiting = 5,     // no payload: the sender waits for this rank in the call of the header
 };
 
-// The operations, numbered for frame headers so that a rank that receives a frame of
-// a different collective than it is running can tell (p2p frames carry kSendRecv).
-inline constexpr const char* kOpNames[] = {
-    "?",       "allreduce", "broadcast", "reduce",   "allgather", "allgatherv",
-    "reduce_scatter", "gather", "scatter", "alltoall", "alltoallv", "barrier", "send/recv",
-    "consistency check"};
-inline uint8_t op_code_of(const char* name) {
-  std::string n = name;
-  if (n == "send" || n == "recv") return 12;
-  for (uint8_t i = 1; i < 12; ++i) {
-    if (n == kOpNames[i]) return i;
-  }
-  return 0;
+// The operation byte of frame headers and shared-memory descriptors: a Collective's
+// value (chorus/types.h), so that a rank that receives a frame of another collective
+// than it is running can tell. A recv carries its send's code (kSend), since the two
+// must match; the fingerprint exchange of CHORUS_DEBUG=DETAIL, the same on every rank
+// whatever collective it is about to run, has a code of its own beyond the enum.
+constexpr uint8_t wire_code(Collective c) {
+  return static_cast<uint8_t>(c == Collective::kRecv ? Collective::kSend : c);
 }
-// The fingerprint exchange of CHORUS_DEBUG=DETAIL, the same on every rank whatever
-// collective it is about to run.
-inline constexpr uint8_t kConsistencyCheckCode = 13;
-inline const char* op_code_name(uint8_t code) { return code <= 13 ? kOpNames[code] : "?"; }
+inline constexpr uint8_t kConsistencyCheckCode = 0x40;
+// "allreduce", ..., "send/recv" for kSend's code, "consistency check", "?" otherwise.
+const char* op_code_name(uint8_t code);
 
 // What identifies a call across ranks beyond the operation and its sequence number:
 // every rank of a collective passes the same, and a recv the same as its send. Written
@@ -87,8 +81,8 @@ uint64_t counts_digest(const size_t* counts, size_t n);
 
 // What the transport reports in errors and writes in headers for the current operation.
 struct OpInfo {
-  const char* name = "";  // "allreduce"
-  uint8_t code = 0;       // op_code_of(name)
+  const char* name = "";  // "allreduce", "creation barrier"
+  uint8_t code = 0;       // wire_code() of the collective, or kConsistencyCheckCode
   uint64_t seq = 0;       // sequence number of the operation on this communicator
   FrameKind kind = FrameKind::kCollective;
   Deadline deadline{std::chrono::milliseconds(0)};
@@ -97,7 +91,7 @@ struct OpInfo {
 
 // "allreduce #7 with f32 × 2000, sum", "broadcast #3 with f64 × 10, root 1", "barrier #4",
 // "allgatherv #5 with f32 × recv_counts of digest 9f0c...", "send with f32 × 100" (no
-// sequence number: p2p numbers differ between the two ranks). `code` is op_code_of(),
+// sequence number: p2p numbers differ between the two ranks). `code` is wire_code(),
 // `name` the operation's own name where it has one (send or recv), else null.
 std::string describe_call(uint8_t code, const char* name, uint64_t seq, bool p2p,
                           const Signature& sig);

@@ -27,7 +27,7 @@ using test::run_ranks;
 transport::OpInfo op_info(const char* name, uint64_t seq, std::chrono::milliseconds timeout) {
   transport::OpInfo info;
   info.name = name;
-  info.code = transport::op_code_of(name);
+  info.code = transport::wire_code(parse_collective(name).value());
   info.seq = seq;
   info.deadline = Deadline(timeout);
   return info;

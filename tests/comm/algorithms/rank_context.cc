@@ -34,7 +34,7 @@ algorithms::Context RankContext::begin(const char* name, DataType dtype, bool re
                                        size_t segment_bytes) {
   transport::OpInfo info;
   info.name = name;
-  info.code = transport::op_code_of(name);
+  info.code = transport::wire_code(parse_collective(name).value());
   info.seq = ++seq_;
   info.kind = transport::FrameKind::kCollective;
   info.deadline = Deadline(kOperationTimeout);

@@ -1,5 +1,5 @@
 // Drives the algorithms of src/comm/algorithms on the ranks of a FakeHub the way the
-// communicator does (src/comm/core/communicator.cc, CommunicatorImpl::run): every
+// communicator does (src/comm/communicator/communicator.cc, CommunicatorImpl::run): every
 // operation gets the next sequence number, begin() on the transport with its OpInfo,
 // and a Context with the reduce kernels of comm/reduce/reduce.h, the rank's own
 // scratch memory (kept across operations, as the communicator keeps it) and the
@@ -25,7 +25,7 @@ class RankContext {
   RankContext(transport::Transport& t, Topology topology);
   explicit RankContext(transport::Transport& t);
 
-  // Begins operation `name` ("allreduce": a name of transport::kOpNames) and returns
+  // Begins operation `name` ("allreduce": a collective_name()) and returns
   // its context. `op` is used only when `reduces`; count and root go into the
   // signature the receivers compare.
   algorithms::Context begin(const char* name, DataType dtype, bool reduces, ReduceOp op,

@@ -304,6 +304,25 @@ TEST(ArgumentsTest, AlltoallvCountsInconsistentBetweenRanks) {
   unsetenv("CHORUS_SHM_CMA");
 }
 
+TEST(ArgumentsTest, AlgorithmForAMisspeltCollectiveNamesTheValidOnes) {
+  test::run_ranks(2, [](Communicator& c) {
+    // Every name of the enum resolves to the same choice as the enum itself.
+    for (Collective k : kAllCollectives) {
+      EXPECT_EQ(c.algorithm_for(collective_name(k), 4096), c.algorithm_for(k, 4096))
+          << collective_name(k);
+      EXPECT_EQ(parse_collective(collective_name(k)), k);
+    }
+    try {
+      c.algorithm_for("allredcue", 4096);
+      ADD_FAILURE() << "a misspelt collective was accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("unknown collective 'allredcue'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("allreduce, broadcast"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(parse_collective("send/recv").has_value());
+  });
+}
+
 TEST(ArgumentsTest, AllgathervShapeErrors) {
   constexpr int kSize = 3;
   test::run_ranks(kSize, [](Communicator& c) {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "chorus/error.h"
-#include "comm/core/cost_model.h"
+#include "comm/communicator/cost_model.h"
 
 namespace chorus::internal {
 namespace {
@@ -35,14 +35,14 @@ TEST(CostModel, LatencyAlgorithmsForSmallBandwidthAlgorithmsForLarge) {
   for (int size : {2, 3, 4, 8}) {
     Shape s;
     s.size = size;
-    EXPECT_EQ(cheapest("allreduce", 8, s, p, kFlat), Algorithm::kRecursiveDoubling) << size;
-    EXPECT_EQ(cheapest("allreduce", 256 << 20, s, p, kFlat), Algorithm::kRing) << size;
+    EXPECT_EQ(cheapest(Collective::kAllreduce, 8, s, p, kFlat), Algorithm::kRecursiveDoubling) << size;
+    EXPECT_EQ(cheapest(Collective::kAllreduce, 256 << 20, s, p, kFlat), Algorithm::kRing) << size;
   }
   // The predicted time grows with the size for every algorithm.
   Shape s;
   s.size = 5;
   for (Algorithm a : kFlat) {
-    EXPECT_LT(predicted_us("allreduce", a, 1024, s, p), predicted_us("allreduce", a, 1 << 20, s, p));
+    EXPECT_LT(predicted_us(Collective::kAllreduce, a, 1024, s, p), predicted_us(Collective::kAllreduce, a, 1 << 20, s, p));
   }
 }
 
@@ -51,17 +51,17 @@ TEST(CostModel, SharedMemoryAndHierarchicalOnlyWhereTheShapeAllowsThem) {
   const Algorithm all[] = {Algorithm::kRecursiveDoubling, Algorithm::kHalvingDoubling,
                            Algorithm::kRing, Algorithm::kShmDirect, Algorithm::kHierarchical};
   Shape one_node{4, 1, 4, true, false};
-  EXPECT_EQ(cheapest("allreduce", 8, one_node, p, all), Algorithm::kShmDirect);
-  EXPECT_EQ(cheapest("allreduce", 64 << 20, one_node, p, all), Algorithm::kShmDirect);
+  EXPECT_EQ(cheapest(Collective::kAllreduce, 8, one_node, p, all), Algorithm::kShmDirect);
+  EXPECT_EQ(cheapest(Collective::kAllreduce, 64 << 20, one_node, p, all), Algorithm::kShmDirect);
   Shape no_shm{4, 1, 4, false, false};
-  EXPECT_NE(cheapest("allreduce", 64 << 20, no_shm, p, all), Algorithm::kShmDirect);
+  EXPECT_NE(cheapest(Collective::kAllreduce, 64 << 20, no_shm, p, all), Algorithm::kShmDirect);
   // Two nodes of four: the tcp part of a hierarchical allreduce moves a quarter of the
   // bytes among two ranks instead of everything among eight.
   Shape two_nodes{8, 2, 4, true, true};
-  EXPECT_EQ(cheapest("allreduce", 64 << 20, two_nodes, p, all), Algorithm::kHierarchical);
-  EXPECT_TRUE(std::isinf(predicted_us("allreduce", Algorithm::kShmDirect, 8, two_nodes, p)));
+  EXPECT_EQ(cheapest(Collective::kAllreduce, 64 << 20, two_nodes, p, all), Algorithm::kHierarchical);
+  EXPECT_TRUE(std::isinf(predicted_us(Collective::kAllreduce, Algorithm::kShmDirect, 8, two_nodes, p)));
   Shape uneven{5, 2, 3, true, false};
-  EXPECT_TRUE(std::isinf(predicted_us("allreduce", Algorithm::kHierarchical, 8, uneven, p)));
+  EXPECT_TRUE(std::isinf(predicted_us(Collective::kAllreduce, Algorithm::kHierarchical, 8, uneven, p)));
 }
 
 }  // namespace

@@ -65,8 +65,8 @@ namespace chorus::transport::shm {
 struct OpDesc {
   uint64_t seq = 0;
   Signature sig;
-  uint8_t code = 0;  // op_code_of() of the call
-  uint8_t step = 0;  // op_code_of() of what runs here
+  uint8_t code = 0;  // wire_code() of the call
+  uint8_t step = 0;  // wire_code() of what runs here
   bool operator==(const OpDesc&) const = default;
 };
 
@@ -111,7 +111,7 @@ class ShmGroup {
   // Sets the operation reported in errors; called before every operation.
   void begin(const OpInfo& op);
   // Publishes the descriptor of the current operation (begin()) running `step`
-  // (op_code_of()) with the next arrival, to be compared at the next wait_all().
+  // (wire_code()) with the next arrival, to be compared at the next wait_all().
   void expect(uint8_t step);
 
   void arrive();

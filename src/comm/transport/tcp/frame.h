@@ -28,7 +28,7 @@ inline constexpr uint64_t kMaxControlPayload = 4096;
 struct FrameHeader {
   uint16_t magic = kFrameMagic;
   uint8_t kind = 0;
-  uint8_t op = 0;  // op_code_of() of the operation that sent it
+  uint8_t op = 0;  // wire_code() of the operation that sent it
   // Collective and waiting frames: the low 32 bits of the operation's sequence number;
   // send/recv: the message's number on its stream.
   uint32_t seq = 0;

@@ -1,4 +1,4 @@
-#include "comm/core/flight_recorder.h"
+#include "comm/communicator/flight_recorder.h"
 
 #include <unistd.h>
 
@@ -56,16 +56,15 @@ std::string safe_file_part(const std::string& s) {
 
 }  // namespace
 
-size_t FlightRecorder::queued(uint64_t seq, bool collective, const char* name, const char* dtype,
-                              uint64_t count, int root) {
+size_t FlightRecorder::queued(uint64_t seq, Collective what, DataType dtype, uint64_t count,
+                              int root) {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t slot = next_id_++;
   Entry& e = at(slot);
   e = Entry{};
   e.id = slot + 1;
   e.seq = seq;
-  e.collective = collective;
-  e.name = name;
+  e.what = what;
   e.dtype = dtype;
   e.count = count;
   e.root = root;
@@ -106,9 +105,9 @@ std::string FlightRecorder::json(int rank, int size, const std::string& host,
     const Entry& e = entries_[id % n];
     if (e.id != id + 1) continue;
     o << (first ? "" : ",") << "\n {\"seq\":" << e.seq << ",\"kind\":\""
-      << (e.collective ? "collective" : "p2p") << "\",\"op\":" << quoted(e.name)
-      << ",\"dtype\":" << quoted(e.dtype) << ",\"count\":" << e.count
-      << (e.collective ? ",\"root\":" : ",\"peer\":") << e.root
+      << (is_p2p(e.what) ? "p2p" : "collective") << "\",\"op\":" << quoted(collective_name(e.what))
+      << ",\"dtype\":" << quoted(dtype_name(e.dtype)) << ",\"count\":" << e.count
+      << (is_p2p(e.what) ? ",\"peer\":" : ",\"root\":") << e.root
       << ",\"state\":\"" << state_name(e.state) << "\",\"queued_us\":" << micros(e.queued_at)
       << ",\"started_us\":" << micros(e.started_at) << ",\"ended_us\":" << micros(e.ended_at);
     if (!e.error.empty()) o << ",\"error\":" << quoted(e.error);

@@ -1,4 +1,4 @@
-#include "comm/core/cost_model.h"
+#include "comm/communicator/cost_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -138,13 +138,12 @@ CostParams parse_cost_params(const std::string& text) {
   return p;
 }
 
-double predicted_us(const char* collective, Algorithm a, size_t bytes, const Shape& s,
+double predicted_us(Collective c, Algorithm a, size_t bytes, const Shape& s,
                     const CostParams& p) {
-  const std::string c = collective;
   const double n = static_cast<double>(bytes);
   const double never = std::numeric_limits<double>::infinity();
   const bool one_node_shm = s.shm && s.nodes == 1;
-  if (c == "allreduce") {
+  if (c == Collective::kAllreduce) {
     switch (a) {
       case Algorithm::kRecursiveDoubling: return rd_allreduce(s.size, n, p);
       case Algorithm::kHalvingDoubling: return hd_allreduce(s.size, n, p);
@@ -154,7 +153,7 @@ double predicted_us(const char* collective, Algorithm a, size_t bytes, const Sha
       default: return never;
     }
   }
-  if (c == "broadcast") {
+  if (c == Collective::kBroadcast) {
     switch (a) {
       case Algorithm::kShmDirect: return one_node_shm ? shm_broadcast(n, s, p) : never;
       case Algorithm::kHierarchical:
@@ -165,7 +164,7 @@ double predicted_us(const char* collective, Algorithm a, size_t bytes, const Sha
       default: return never;
     }
   }
-  if (c == "allgather") {
+  if (c == Collective::kAllgather) {
     switch (a) {
       case Algorithm::kShmDirect: return one_node_shm ? shm_allgather(n, s, p) : never;
       case Algorithm::kHierarchical:
@@ -180,7 +179,7 @@ double predicted_us(const char* collective, Algorithm a, size_t bytes, const Sha
   return never;
 }
 
-Algorithm cheapest(const char* collective, size_t bytes, const Shape& shape, const CostParams& p,
+Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, const CostParams& p,
                    std::span<const Algorithm> candidates) {
   Algorithm best = candidates.front();
   double best_us = std::numeric_limits<double>::infinity();

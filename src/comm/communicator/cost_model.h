@@ -37,13 +37,18 @@ struct Shape {
   size_t segment_bytes = kDefaultSegmentBytes;  // pipelining unit of the tcp rings and chains
 };
 
-// Predicted microseconds of `collective` ("allreduce", "broadcast", "allgather") on
+// Measured cut-offs the choice uses where no cost formula is written (chorus-bench, 2-8
+// ranks over loopback): broadcast and reduce over tcp take the binomial tree up to this
+// many bytes and the pipelined chain beyond, where bandwidth dominates.
+inline constexpr size_t kTreeLimitBytes = 64 * 1024;
+
+// Predicted microseconds of `collective` (allreduce, broadcast, allgather) on
 // `bytes` (for allgather: the whole result) with `algorithm`.
-double predicted_us(const char* collective, Algorithm algorithm, size_t bytes, const Shape& shape,
+double predicted_us(Collective collective, Algorithm algorithm, size_t bytes, const Shape& shape,
                     const CostParams& p);
 
 // The candidate with the lowest predicted time.
-Algorithm cheapest(const char* collective, size_t bytes, const Shape& shape, const CostParams& p,
+Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, const CostParams& p,
                    std::span<const Algorithm> candidates);
 
 }  // namespace chorus::internal

@@ -14,9 +14,9 @@
 
 #include "chorus/communicator.h"
 #include "comm/algorithms/context.h"
-#include "comm/core/cost_model.h"
-#include "comm/core/flight_recorder.h"
-#include "comm/core/work_state.h"
+#include "comm/communicator/cost_model.h"
+#include "comm/communicator/flight_recorder.h"
+#include "comm/communicator/work_state.h"
 #include "comm/transport/shm/shm_group.h"
 #include "comm/transport/transport.h"
 
@@ -29,8 +29,7 @@ class KeyLedger;
 using OpBody = std::function<void(const algorithms::Context&)>;
 
 struct OpSpec {
-  const char* name;
-  bool collective = true;  // false: send/recv (per-stream sequence numbers)
+  Collective what = Collective::kBarrier;  // send/recv: per-stream sequence numbers
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
   bool reduces = false;
@@ -40,6 +39,9 @@ struct OpSpec {
   // allgatherv's digest of recv_counts; 0 for alltoallv, whose counts vary).
   uint64_t agreed_count = 0;
 };
+
+// What every rank of a call passes alike (transport::Signature), from its spec.
+transport::Signature signature_of(const OpSpec& spec);
 
 class CommunicatorImpl final : public Communicator,
                                public Executor,
@@ -78,7 +80,8 @@ class CommunicatorImpl final : public Communicator,
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override;
   bool is_aborted() const override { return abort_requested_.load(); }
-  Algorithm algorithm_for(const char* collective, size_t bytes) const override;
+  using Communicator::algorithm_for;
+  Algorithm algorithm_for(Collective collective, size_t bytes) const override;
   void help(const WorkState& work) override;
 
  private:

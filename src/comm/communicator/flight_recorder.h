@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "chorus/types.h"
+
 namespace chorus::internal {
 
 class FlightRecorder {
@@ -23,8 +25,7 @@ class FlightRecorder {
 
   bool enabled() const { return !entries_.empty(); }
   // Records a new operation; returns its slot for the calls below.
-  size_t queued(uint64_t seq, bool collective, const char* name, const char* dtype,
-                uint64_t count, int root);
+  size_t queued(uint64_t seq, Collective what, DataType dtype, uint64_t count, int root);
   void running(size_t slot);
   // `awaiting`: for an operation that timed out, the ranks it was still waiting for.
   void finished(size_t slot, const std::string& error, const std::vector<int>& awaiting = {});
@@ -42,9 +43,8 @@ class FlightRecorder {
   struct Entry {
     uint64_t id = 0;  // 0: unused; else 1 + position in recording order
     uint64_t seq = 0;
-    bool collective = true;
-    const char* name = "";
-    const char* dtype = "";
+    Collective what = Collective::kBarrier;
+    DataType dtype = DataType::kUInt8;
     uint64_t count = 0;
     int root = -1;  // send/recv: the peer, written as "peer"
     State state = State::kQueued;

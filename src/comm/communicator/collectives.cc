@@ -6,7 +6,7 @@
 
 #include "chorus/error.h"
 #include "comm/algorithms/algorithms.h"
-#include "comm/core/communicator_impl.h"
+#include "comm/communicator/communicator_impl.h"
 #include "comm/reduce/validate.h"
 
 namespace chorus::internal {
@@ -16,15 +16,15 @@ using alg::Context;
 
 namespace {
 
-OpSpec spec(const char* name, DataType dtype) {
+OpSpec spec(Collective what, DataType dtype) {
   OpSpec s;
-  s.name = name;
+  s.what = what;
   s.dtype = dtype;
   return s;
 }
 
-OpSpec reducing(const char* name, DataType dtype, ReduceOp op) {
-  OpSpec s = spec(name, dtype);
+OpSpec reducing(Collective what, DataType dtype, ReduceOp op) {
+  OpSpec s = spec(what, dtype);
   s.op = op;
   s.reduces = true;
   return s;
@@ -62,8 +62,8 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
   check_op(v, op);
-  Algorithm algo = algorithm_for("allreduce", bytes);
-  return enqueue(shaped(reducing("allreduce", dtype, op), count), [=](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kAllreduce, bytes);
+  return enqueue(shaped(reducing(Collective::kAllreduce, dtype, op), count), [=](const Context& ctx) {
     switch (algo) {
       case Algorithm::kRing: return alg::allreduce_ring(ctx, send, recv, count);
       case Algorithm::kHalvingDoubling:
@@ -84,8 +84,8 @@ Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, Dat
   size_t bytes = v.bytes(count, dtype, "count");
   if (rank_ == root) v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
-  Algorithm algo = algorithm_for("broadcast", bytes);
-  return enqueue(shaped(spec("broadcast", dtype), count, root), [=](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kBroadcast, bytes);
+  return enqueue(shaped(spec(Collective::kBroadcast, dtype), count, root), [=](const Context& ctx) {
     // Shared memory reads the root's `send` itself and copies it to `recv` while the
     // other ranks take their copies.
     if (algo == Algorithm::kShmDirect) {
@@ -106,8 +106,8 @@ Work CommunicatorImpl::reduce(const void* send, void* recv, size_t count, DataTy
   v.buffer(send, count, "send");
   if (rank_ == root) v.buffer(recv, count, "recv");
   check_op(v, op);
-  Algorithm algo = algorithm_for("reduce", bytes);
-  return enqueue(shaped(reducing("reduce", dtype, op), count, root), [=](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kReduce, bytes);
+  return enqueue(shaped(reducing(Collective::kReduce, dtype, op), count, root), [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) alg::shm_reduce(ctx, *ctx.shm, send, recv, count, root);
     else if (algo == Algorithm::kRing) alg::reduce_ring(ctx, send, recv, count, root);
     else alg::reduce_binomial(ctx, send, recv, count, root);
@@ -119,8 +119,8 @@ Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, Dat
   size_t total_bytes = v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
-  Algorithm algo = algorithm_for("allgather", total_bytes);
-  return enqueue(shaped(spec("allgather", dtype), count), [=, this](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kAllgather, total_bytes);
+  return enqueue(shaped(spec(Collective::kAllgather, dtype), count), [=, this](const Context& ctx) {
     if (algo == Algorithm::kHierarchical) return alg::allgather_hierarchical(ctx, send, recv, count);
     if (algo == Algorithm::kShmDirect) {
       return alg::shm_allgather_blocks(ctx, *ctx.shm, send, recv, count * size_);
@@ -148,8 +148,8 @@ Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* rec
   std::vector<size_t> counts(recv_counts.begin(), recv_counts.end());
   std::vector<size_t> offsets =
       displs.empty() ? packed_displs(recv_counts) : std::vector<size_t>(displs.begin(), displs.end());
-  Algorithm algo = algorithm_for("allgatherv", 0);  // the same at every size
-  OpSpec s = shaped(spec("allgatherv", dtype), send_count);
+  Algorithm algo = algorithm_for(Collective::kAllgatherv, 0);  // the same at every size
+  OpSpec s = shaped(spec(Collective::kAllgatherv, dtype), send_count);
   s.agreed_count = transport::counts_digest(recv_counts.data(), recv_counts.size());
   return enqueue(s, [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) {
@@ -167,8 +167,8 @@ Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_
   v.buffer(send, total, "send");
   v.buffer(recv, recv_count, "recv");
   check_op(v, op);
-  Algorithm algo = algorithm_for("reduce_scatter", total_bytes);
-  return enqueue(shaped(reducing("reduce_scatter", dtype, op), recv_count), [=](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kReduceScatter, total_bytes);
+  return enqueue(shaped(reducing(Collective::kReduceScatter, dtype, op), recv_count), [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) {
       return alg::shm_reduce_scatter_blocks(ctx, *ctx.shm, send, recv, total, ctx.average);
     }
@@ -183,8 +183,8 @@ Work CommunicatorImpl::gather(const void* send, void* recv, size_t count, DataTy
   v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   if (rank_ == root) v.buffer(recv, count, "recv");
-  Algorithm algo = algorithm_for("gather", count * dtype_size(dtype));
-  return enqueue(shaped(spec("gather", dtype), count, root), [=](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kGather, count * dtype_size(dtype));
+  return enqueue(shaped(spec(Collective::kGather, dtype), count, root), [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) return alg::shm_gather(ctx, *ctx.shm, send, recv, count, root);
     alg::gather_direct(ctx, send, recv, count, root);
   });
@@ -197,8 +197,8 @@ Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataT
   v.blocks_bytes(count, dtype, "count");
   if (rank_ == root) v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
-  Algorithm algo = algorithm_for("scatter", count * dtype_size(dtype));
-  return enqueue(shaped(spec("scatter", dtype), count, root), [=](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kScatter, count * dtype_size(dtype));
+  return enqueue(shaped(spec(Collective::kScatter, dtype), count, root), [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) return alg::shm_scatter(ctx, *ctx.shm, send, recv, count, root);
     alg::scatter_direct(ctx, send, recv, count, root);
   });
@@ -209,8 +209,8 @@ Work CommunicatorImpl::alltoall(const void* send, void* recv, size_t count, Data
   size_t total_bytes = v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
-  Algorithm algo = algorithm_for("alltoall", total_bytes);
-  return enqueue(shaped(spec("alltoall", dtype), count), [=, this](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kAlltoall, total_bytes);
+  return enqueue(shaped(spec(Collective::kAlltoall, dtype), count), [=, this](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) return alg::shm_alltoall(ctx, *ctx.shm, send, recv, count);
     std::vector<size_t> counts(size_, count), displs(size_);
     for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
@@ -245,8 +245,8 @@ Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_
                                                : std::vector<size_t>(send_displs.begin(), send_displs.end());
   std::vector<size_t> rd = recv_displs.empty() ? packed_displs(recv_counts)
                                                : std::vector<size_t>(recv_displs.begin(), recv_displs.end());
-  Algorithm algo = algorithm_for("alltoallv", 0);  // the same at every size
-  return enqueue(spec("alltoallv", dtype), [=, this](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kAlltoallv, 0);  // the same at every size
+  return enqueue(spec(Collective::kAlltoallv, dtype), [=, this](const Context& ctx) {
     // Every rank learns what each peer will send it and checks it against what it
     // expects; then all agree on the verdict, so that a mismatch fails everywhere
     // before any data moves.
@@ -298,8 +298,8 @@ Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_
 }
 
 Work CommunicatorImpl::barrier() {
-  Algorithm algo = algorithm_for("barrier", 0);
-  return enqueue(spec("barrier", DataType::kUInt8), [algo](const Context& ctx) {
+  Algorithm algo = algorithm_for(Collective::kBarrier, 0);
+  return enqueue(spec(Collective::kBarrier, DataType::kUInt8), [algo](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) return alg::shm_barrier(ctx, *ctx.shm);
     alg::barrier_dissemination(ctx);
   });
@@ -310,8 +310,7 @@ Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int p
   v.peer(peer);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(buf, count, "send");
-  OpSpec s = shaped(spec("send", dtype), count, peer);  // the flight recorder's count and peer
-  s.collective = false;
+  OpSpec s = shaped(spec(Collective::kSend, dtype), count, peer);  // the flight recorder's count and peer
   return enqueue(s, [=](const Context& ctx) {
     // A peer on this node: through its channel in shared memory (both ranks choose it).
     const int local = ctx.shm != nullptr ? ctx.shm->local_of(peer) : -1;
@@ -325,8 +324,7 @@ Work CommunicatorImpl::recv(void* buf, size_t count, DataType dtype, int peer) {
   v.peer(peer);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(buf, count, "recv");
-  OpSpec s = shaped(spec("recv", dtype), count, peer);  // the flight recorder's count and peer
-  s.collective = false;
+  OpSpec s = shaped(spec(Collective::kRecv, dtype), count, peer);  // the flight recorder's count and peer
   return enqueue(s, [=](const Context& ctx) {
     const int local = ctx.shm != nullptr ? ctx.shm->local_of(peer) : -1;
     if (local >= 0) return ctx.shm->recv(local, buf, bytes);

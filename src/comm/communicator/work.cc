@@ -1,7 +1,7 @@
 #include "chorus/work.h"
 
 #include "comm/common/event.h"
-#include "comm/core/work_state.h"
+#include "comm/communicator/work_state.h"
 
 namespace chorus {
 namespace internal {

@@ -1,0 +1,319 @@
+#include "comm/communicator/communicator_impl.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string_view>
+
+#include "chorus/error.h"
+#include "comm/common/event.h"
+#include "comm/common/logging.h"
+#include "comm/common/settings.h"
+#include "comm/common/socket.h"
+#include "comm/algorithms/algorithms.h"
+#include "comm/communicator/cost_model.h"
+#include "comm/reduce/reduce.h"
+#include "comm/store/key_ledger.h"
+#include "comm/transport/tcp/tcp_transport.h"
+#include "comm/transport/topology.h"
+
+namespace chorus {
+namespace internal {
+namespace {
+
+std::string choose_listen_address(const CommOptions& options, Store* store) {
+  if (!options.listen_address.empty()) return options.listen_address;
+  std::string host = store->server_host();
+  if (!host.empty()) {
+    std::string local = net::local_address_towards(host);
+    if (!local.empty()) return local;
+  }
+  return "127.0.0.1";
+}
+
+}  // namespace
+
+CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int size,
+                                   CommOptions options)
+    : rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      user_store_(std::move(store)),
+      recorder_(options_.trace_buffer_size) {
+  // Creation writes through a ledger: what it wrote leaves the store at the end.
+  auto ledger = std::make_shared<KeyLedger>(user_store_);
+  PrefixStore scoped("chorus/comm/" + options_.comm_id, ledger);
+  transport::tcp::TcpOptions tcp;
+  tcp.listen_address = choose_listen_address(options_, user_store_.get());
+  tcp.comm_id = options_.comm_id;
+  tcp.token = options_.job_token;
+  tcp.connect_timeout = options_.connect_timeout;
+  transport_ = transport::tcp::connect_mesh(scoped, rank_, size_, tcp);
+  for (int r = 0; r < size_; ++r) hosts_.push_back(transport_->host_of(r));
+  topology_ = discover_topology(scoped, rank_, size_, local_node_id(options_.node_id));
+  connect_shared_memory(scoped);
+  shape_.size = size_;
+  shape_.nodes = topology_.nodes;
+  shape_.local_size = topology_.local_size;
+  shape_.shm = shm_ != nullptr;
+  shape_.hierarchical = hierarchical_possible();
+  if (shm_) shape_.shm_chunk = shm_->buffer_bytes();
+  shape_.segment_bytes = options_.segment_bytes;
+  cost_ = parse_cost_params(settings::cost_model());
+  finish_creation(*ledger);
+  thread_ = std::thread([this] { progress_loop(); });
+  // CHORUS_DEBUG=INFO (or CHORUS_LOG_LEVEL=info): how this communicator was set up.
+  CHORUS_LOG(kInfo, "communicator set up on " << where() << ": "
+                                     << size_ << " ranks on " << topology_.nodes << " node(s), "
+                                     << topology_.local_size << " on this one, which talk over "
+                                     << (shm_ ? "shared memory" : "tcp") << "; algorithm "
+                                     << algorithm_name(options_.algorithm) << ", reduce kernels "
+                                     << reduce_isa_name(reduce_isa()) << ", timeout "
+                                     << options_.timeout.count() << " ms");
+}
+
+void CommunicatorImpl::finish_creation(KeyLedger& ledger) {
+  // Once every rank is here, every rank has read all that the others published: a
+  // barrier (over tcp, a few zero-byte frames), then each deletes the keys it wrote.
+  if (size_ > 1) {
+    transport::OpInfo info;
+    info.name = "creation barrier";
+    info.code = transport::wire_code(Collective::kBarrier);
+    info.seq = 0;
+    info.deadline = Deadline(options_.connect_timeout);
+    transport_->begin(info);
+    algorithms::Context ctx{*transport_, rank_,    size_, DataType::kUInt8, 1, nullptr,
+                            false,       scratch_, options_.segment_bytes,  topology_};
+    algorithms::barrier_dissemination(ctx);
+  }
+  ledger.erase_written();
+}
+
+void CommunicatorImpl::connect_shared_memory(Store& scoped) {
+  if (options_.transport == TransportKind::kTcp || topology_.local_size < 2) return;
+  transport::shm::GroupConfig config;
+  config.rank = rank_;
+  config.members = topology_.node_ranks[topology_.node];
+  config.hosts = hosts_;
+  config.node = topology_.node;
+  const int cma = settings::shm_cma();
+  config.try_cma = cma > 0;
+  config.cma_any_size = cma == 2;
+  std::string why_not;
+  shm_ = transport::shm::ShmGroup::connect(scoped, config, why_not);
+  if (shm_) return;
+  std::string message = "shared memory between the " + std::to_string(topology_.local_size) +
+                        " ranks of this node could not be set up: " + why_not;
+  if (options_.transport == TransportKind::kShm) {
+    throw SystemError("creating communicator '" + options_.comm_id + "' on " + where() + ": " +
+                      message + " (CHORUS_TRANSPORT=shm)");
+  }
+  CHORUS_LOG(kWarn, message + "; using tcp inside the node");
+}
+
+CommunicatorImpl::~CommunicatorImpl() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  // The contract (communicator.h): what is still pending is aborted, not waited for;
+  // the peers may never issue it, and waiting lasted up to CHORUS_TIMEOUT.
+  const size_t pending = unfinished_.load(std::memory_order_acquire);
+  if (pending > 0) {
+    std::string why = where() + " was destroyed with " + std::to_string(pending) +
+                      (pending == 1 ? " operation" : " operations") +
+                      " pending (wait for every Work before dropping the communicator)";
+    CHORUS_LOG(kWarn, why);
+    abort_with(why);
+  }
+  queue_signal_.fetch_add(1, std::memory_order_release);
+  futex_wake_all(queue_signal_);
+  if (thread_.joinable()) thread_.join();
+  if (!transport_aborted_) {
+    transport_->close();
+    if (shm_) shm_->close();
+  }
+}
+
+const std::string& CommunicatorImpl::host_of(int rank) const { return hosts_.at(rank); }
+
+std::string CommunicatorImpl::where() const {
+  return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (host " +
+         hosts_[rank_] + ", communicator '" + options_.comm_id + "')";
+}
+
+void CommunicatorImpl::write_trace(const std::string& why) {
+  if (!recorder_.enabled() || trace_written_.exchange(true)) return;
+  std::string where_to =
+      recorder_.dump(options_.trace_dir, rank_, size_, hosts_[rank_], options_.comm_id, why);
+  CHORUS_LOG(kWarn, "flight recorder of rank " + std::to_string(rank_) + " written to " + where_to);
+}
+
+void CommunicatorImpl::fail_aborted(Op& op) {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    reason = abort_reason_;
+  }
+  if (recorder_.enabled()) recorder_.finished(op.trace_slot, "aborted: " + reason);
+  unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+  op.work->complete(std::make_exception_ptr(AbortedError(
+      op.work->description() + " on " + where() +
+      ": the communicator was aborted and cannot be used any more (rebuild it); cause: " +
+      reason)));
+}
+
+// What every rank of a call passes alike (transport::Signature), from its spec.
+transport::Signature signature_of(const OpSpec& spec) {
+  transport::Signature sig;
+  sig.count = spec.agreed_count;
+  sig.root = is_p2p(spec.what) ? -1 : spec.root;  // a send's peer is not its recv's
+  sig.dtype = static_cast<uint8_t>(spec.dtype);
+  if (spec.reduces) sig.reduce = static_cast<uint8_t>(spec.op);
+  return sig;
+}
+
+void CommunicatorImpl::run(Op& op) {
+  if (abort_requested_.load()) return fail_aborted(op);
+  transport::OpInfo info;
+  info.name = collective_name(op.spec.what);
+  info.code = transport::wire_code(op.spec.what);
+  info.seq = op.seq;
+  info.kind = is_p2p(op.spec.what) ? transport::FrameKind::kP2P : transport::FrameKind::kCollective;
+  info.deadline = Deadline(options_.timeout);
+  info.sig = signature_of(op.spec);
+  algorithms::Context ctx{*transport_,
+                          rank_,
+                          size_,
+                          op.spec.dtype,
+                          dtype_size(op.spec.dtype),
+                          op.spec.reduces ? reduce_function(op.spec.dtype, op.spec.op) : nullptr,
+                          op.spec.reduces && op.spec.op == ReduceOp::kAvg,
+                          scratch_,
+                          options_.segment_bytes,
+                          topology_,
+                          op.spec.op,
+                          shm_.get()};
+  if (op.spec.reduces) ctx.reduce_many = reduce_many_function(op.spec.dtype, op.spec.op);
+  if (recorder_.enabled()) recorder_.running(op.trace_slot);
+  try {
+    if (options_.check_consistency && !is_p2p(op.spec.what) && size_ > 1) check_consistency(op);
+    transport_->begin(info);
+    if (shm_) shm_->begin(info);
+    op.body(ctx);
+    if (recorder_.enabled()) recorder_.finished(op.trace_slot, "");
+    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+    op.work->complete(nullptr);
+  } catch (const InvalidArgumentError& e) {
+    // Found by all ranks together before any data moved: the communicator stays usable.
+    if (recorder_.enabled()) recorder_.finished(op.trace_slot, e.what());
+    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+    op.work->complete(std::current_exception());
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    CHORUS_LOG(kError, reason);
+    if (recorder_.enabled()) {
+      auto* timeout = dynamic_cast<const TimeoutError*>(&e);
+      recorder_.finished(op.trace_slot, reason,
+                         timeout ? timeout->awaited_ranks() : std::vector<int>{});
+    }
+    write_trace(reason);
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      if (!abort_requested_.load()) abort_reason_ = reason;
+      abort_requested_.store(true);
+    }
+    if (shm_) shm_->abort(reason);  // first, as above
+    transport_->abort(reason);
+    transport_aborted_ = true;
+    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+    if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(std::current_exception());
+    else op.work->complete(std::make_exception_ptr(SystemError(op.work->description() + ": " + reason)));
+  }
+}
+
+void CommunicatorImpl::abort(const std::string& reason) {
+  abort_with("abort() called on " + where() + ": " + reason);
+}
+
+void CommunicatorImpl::abort_with(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (abort_requested_.load()) return;
+    abort_reason_ = reason;
+    abort_requested_.store(true);
+  }
+  write_trace(reason);
+  transport_->interrupt(reason);
+  if (shm_) shm_->interrupt(reason);
+  queue_signal_.fetch_add(1, std::memory_order_release);
+  futex_wake_all(queue_signal_);
+}
+
+std::shared_ptr<Communicator> CommunicatorImpl::split(int color, int key) {
+  std::vector<int64_t> mine{color, key}, all(2 * static_cast<size_t>(size_));
+  allgather(mine.data(), all.data(), 2, DataType::kInt64).wait();
+  uint64_t split_index = split_count_++;
+  if (color < 0) return nullptr;
+  std::vector<int> members;
+  for (int r = 0; r < size_; ++r) {
+    if (all[2 * r] == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  CommOptions child = options_;
+  child.comm_id = options_.comm_id + "/split" + std::to_string(split_index) + "/color" +
+                  std::to_string(color);
+  return Communicator::create(user_store_, new_rank, static_cast<int>(members.size()), child);
+}
+
+}  // namespace internal
+
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank,
+                                                   int size, CommOptions options) {
+  if (!store) throw InvalidArgumentError("Communicator::create: store is null");
+  if (size < 1) {
+    throw InvalidArgumentError("Communicator::create: size " + std::to_string(size) +
+                               " must be at least 1");
+  }
+  if (rank < 0 || rank >= size) {
+    throw InvalidArgumentError("Communicator::create: rank " + std::to_string(rank) +
+                               " is out of range [0, " + std::to_string(size) + ")");
+  }
+  if (options.comm_id.empty()) throw InvalidArgumentError("Communicator::create: empty comm_id");
+  // Resolved once per process; a bad CHORUS_REDUCE_ISA fails here (ConfigError), not on
+  // the progress thread at the first reduction.
+  reduce_isa();
+  if (options.segment_bytes < 64) {
+    throw InvalidArgumentError("Communicator::create: segment_bytes " +
+                               std::to_string(options.segment_bytes) + " is below 64");
+  }
+  return std::make_shared<internal::CommunicatorImpl>(std::move(store), rank, size,
+                                                      std::move(options));
+}
+
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank,
+                                                   int size) {
+  return create(std::move(store), rank, size, CommOptions::from_env());
+}
+
+std::shared_ptr<Communicator> Communicator::from_env() { return from_env(CommOptions::from_env()); }
+
+std::shared_ptr<Communicator> Communicator::from_env(CommOptions options) {
+  int size = settings::world_size();
+  int rank = settings::rank();
+  std::shared_ptr<Store> store = store_from_env(rank, options.connect_timeout);
+  // A launcher that restarts the job keeps its store: each attempt meets under its own
+  // prefix, so no rank reads an address a dead attempt published.
+  int attempt = settings::restart_count();
+  if (attempt > 0) {
+    store = std::make_shared<PrefixStore>("attempt" + std::to_string(attempt), store);
+    store->set_timeout(options.connect_timeout);
+  }
+  return create(std::move(store), rank, size, std::move(options));
+}
+
+}  // namespace chorus
