@@ -65,7 +65,7 @@ OpInfo collective(const char* name, uint64_t seq, Signature sig = {},
                   std::chrono::milliseconds timeout = 30s) {
   OpInfo op;
   op.name = name;
-  op.code = transport::op_code_of(name);
+  op.code = transport::wire_code(parse_collective(name).value());
   op.seq = seq;
   op.kind = FrameKind::kCollective;
   op.deadline = Deadline(timeout);
