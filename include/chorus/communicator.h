@@ -128,6 +128,18 @@ struct CommOptions {
   Algorithm algorithm = Algorithm::kAuto;
   // Transport between ranks of one node (CHORUS_TRANSPORT).
   TransportKind transport = TransportKind::kAuto;
+  // Whether the ranks of a node in shared memory read each other's buffers by
+  // cross-memory attach (process_vm_readv, where the kernel allows it) for the sizes and
+  // collectives where that measured faster (CHORUS_SHM_CMA = 0, 1, all): kOff: never,
+  // every byte through the segment; kPairs: in nodes of two ranks, the default;
+  // kAnyNode: in nodes of any number of ranks (docs/environment.md).
+  enum class CrossMemoryAttach : uint8_t { kOff, kPairs, kAnyNode };
+  CrossMemoryAttach shm_cma = CrossMemoryAttach::kPairs;
+  // The cost model that chooses algorithms (CHORUS_COST_MODEL): comma-separated
+  // key=value pairs over its built-in parameters (tcp_alpha_us, tcp_gbps, shm_alpha_us,
+  // shm_gbps, reduce_gbps); empty: the built-in ones. create() throws ConfigError on an
+  // unknown key or a value that is not a positive number.
+  std::string cost_model;
   // Node identity (CHORUS_NODE_ID); empty: the hostname and the boot id. Ranks with the
   // same identity share memory.
   std::string node_id;

@@ -61,7 +61,7 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   shape_.hierarchical = hierarchical_possible();
   if (shm_) shape_.shm_chunk = shm_->buffer_bytes();
   shape_.segment_bytes = options_.segment_bytes;
-  cost_ = parse_cost_params(settings::cost_model());
+  cost_ = parse_cost_params(options_.cost_model);
   finish_creation(*ledger);
   thread_ = std::thread([this] { progress_loop(); });
   // CHORUS_DEBUG=INFO (or CHORUS_LOG_LEVEL=info): how this communicator was set up.
@@ -98,9 +98,8 @@ void CommunicatorImpl::connect_shared_memory(Store& scoped) {
   config.members = topology_.node_ranks[topology_.node];
   config.hosts = hosts_;
   config.node = topology_.node;
-  const int cma = settings::shm_cma();
-  config.try_cma = cma > 0;
-  config.cma_any_size = cma == 2;
+  config.try_cma = options_.shm_cma != CommOptions::CrossMemoryAttach::kOff;
+  config.cma_any_size = options_.shm_cma == CommOptions::CrossMemoryAttach::kAnyNode;
   std::string why_not;
   shm_ = transport::shm::ShmGroup::connect(scoped, config, why_not);
   if (shm_) return;
@@ -287,6 +286,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   // Resolved once per process; a bad CHORUS_REDUCE_ISA fails here (ConfigError), not on
   // the progress thread at the first reduction.
   reduce_isa();
+  internal::parse_cost_params(options.cost_model);  // ConfigError before any connection
   if (options.segment_bytes < 64) {
     throw InvalidArgumentError("Communicator::create: segment_bytes " +
                                std::to_string(options.segment_bytes) + " is below 64");

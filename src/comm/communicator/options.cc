@@ -2,6 +2,7 @@
 #include "chorus/error.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
+#include "comm/communicator/cost_model.h"
 #include "comm/reduce/reduce.h"
 
 namespace chorus {
@@ -46,6 +47,11 @@ CommOptions CommOptions::from_env() {
   o.connect_timeout = settings::connect_timeout();
   o.algorithm = parse_algorithm(settings::algorithm());
   o.transport = parse_transport(settings::transport());
+  const int cma = settings::shm_cma();
+  o.shm_cma = cma == 2 ? CrossMemoryAttach::kAnyNode : cma == 1 ? CrossMemoryAttach::kPairs
+                                                           : CrossMemoryAttach::kOff;
+  o.cost_model = settings::cost_model();
+  internal::parse_cost_params(o.cost_model);  // a bad value fails here, naming the variable
   o.node_id = settings::node_id();
   o.check_consistency = settings::debug_detail();
   o.trace_buffer_size = static_cast<size_t>(settings::trace_buffer_size());

@@ -4,7 +4,9 @@
 
 #include <cmath>
 
+#include "chorus/communicator.h"
 #include "chorus/error.h"
+#include "chorus/store.h"
 #include "comm/communicator/cost_model.h"
 
 namespace chorus::internal {
@@ -12,6 +14,38 @@ namespace {
 
 constexpr Algorithm kFlat[] = {Algorithm::kRecursiveDoubling, Algorithm::kHalvingDoubling,
                                Algorithm::kRing};
+
+// CHORUS_COST_MODEL and CHORUS_SHM_CMA are read once, by CommOptions::from_env(); the
+// communicator takes what its options say.
+TEST(CostModel, TheCommunicatorTakesItsOptionsNotTheEnvironment) {
+  CommOptions options;
+  options.cost_model = "speed=3";
+  try {
+    Communicator::create(std::make_shared<InMemoryStore>(), 0, 1, options);
+    ADD_FAILURE() << "a bad cost_model was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown parameter 'speed'"), std::string::npos) << e.what();
+  }
+  setenv("CHORUS_COST_MODEL", "speed=3", 1);
+  setenv("CHORUS_SHM_CMA", "bogus", 1);
+  options.cost_model = "tcp_gbps=5";
+  options.shm_cma = CommOptions::CrossMemoryAttach::kAnyNode;
+  EXPECT_NO_THROW(Communicator::create(std::make_shared<InMemoryStore>(), 0, 1, options));
+  EXPECT_THROW(CommOptions::from_env(), ConfigError);
+  unsetenv("CHORUS_SHM_CMA");
+  EXPECT_THROW(CommOptions::from_env(), ConfigError);  // the cost model's
+  setenv("CHORUS_COST_MODEL", "tcp_gbps=5", 1);
+  setenv("CHORUS_SHM_CMA", "all", 1);
+  CommOptions read = CommOptions::from_env();
+  EXPECT_EQ(read.cost_model, "tcp_gbps=5");
+  EXPECT_EQ(read.shm_cma, CommOptions::CrossMemoryAttach::kAnyNode);
+  unsetenv("CHORUS_COST_MODEL");
+  setenv("CHORUS_SHM_CMA", "0", 1);
+  EXPECT_EQ(CommOptions::from_env().shm_cma, CommOptions::CrossMemoryAttach::kOff);
+  unsetenv("CHORUS_SHM_CMA");
+  EXPECT_EQ(CommOptions::from_env().shm_cma, CommOptions::CrossMemoryAttach::kPairs);
+  EXPECT_EQ(CommOptions::from_env().cost_model, "");
+}
 
 TEST(CostModel, ParsesParametersAndRejectsBadOnes) {
   CostParams p = parse_cost_params("tcp_alpha_us=20,shm_gbps=12.5");
