@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "run/options.h"
+#include "run/environment.h"
 
 namespace chorus::run {
 

@@ -538,17 +538,6 @@ void append_option_help(const OptionSpec& spec, std::ostringstream& out) {
 
 }  // namespace
 
-Environment current_environment() {
-  Environment env;
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    std::string_view text(*entry);
-    size_t equals = text.find('=');
-    // emplace keeps the first of duplicate names, as getenv() does.
-    if (equals != text.npos) env.emplace(text.substr(0, equals), text.substr(equals + 1));
-  }
-  return env;
-}
-
 LaunchOptions parse_options(const std::vector<std::string>& args, const Environment& env,
                             int cpus) {
   CommandLine line = parse_command_line(args);

@@ -17,16 +17,9 @@
 #include <vector>
 
 #include "run/cpu_binding.h"
+#include "run/environment.h"
 
 namespace chorus::run {
-
-// A bad command line or option value. chorusrun prints what() and exits with code 2.
-// The message always names the option (e.g. "--node-rank 2: must be less than
-// --nnodes (2)").
-class UsageError : public std::runtime_error {
- public:
-  explicit UsageError(const std::string& m) : std::runtime_error(m) {}
-};
 
 // -h or --help before the program: chorusrun prints usage_text() and exits with code 0.
 class HelpRequested : public std::exception {
@@ -85,10 +78,6 @@ struct LaunchOptions {
   // "master_port", ...); holds every option member (not program/program_args).
   std::map<std::string, std::string> source;
 };
-
-// The process environment as a map (tests pass their own).
-using Environment = std::map<std::string, std::string>;
-Environment current_environment();
 
 // Parses `args` (argv[1..]); everything from the first argument that is not an option
 // (or after "--") is the program and its arguments. Throws UsageError, or
