@@ -54,10 +54,6 @@ constexpr milliseconds kConsoleStallDeadline{10000};
 constexpr int kStdout = 0;
 constexpr int kStderr = 1;
 
-[[noreturn]] void throw_errno(const std::string& what) {
-  throw std::system_error(errno, std::generic_category(), what);
-}
-
 std::string error_text(int err) { return std::generic_category().message(err); }
 
 // Pipes and /dev/null must not land on fds 0..2, or the child's dup2() onto 0..2 would
@@ -69,7 +65,7 @@ Fd above_stdio(int fd) {
   ::close(fd);
   if (moved < 0) {
     errno = err;
-    throw_errno("fcntl(F_DUPFD_CLOEXEC)");
+    net::throw_errno("fcntl(F_DUPFD_CLOEXEC)", errno);
   }
   return Fd(moved);
 }
@@ -81,14 +77,16 @@ struct Pipe {
 
 void set_nonblocking(int fd) {
   int flags = fcntl(fd, F_GETFL);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) throw_errno("fcntl(O_NONBLOCK)");
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    net::throw_errno("fcntl(O_NONBLOCK)", errno);
+  }
 }
 
 // The launcher's end does not block; the worker's end does (a worker writing faster
 // than the launcher copies waits, as it would on a terminal).
 Pipe make_pipe() {
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) throw_errno("pipe2");
+  if (pipe2(fds, O_CLOEXEC) != 0) net::throw_errno("pipe2", errno);
   Pipe p;
   p.read_end = above_stdio(fds[0]);
   p.write_end = above_stdio(fds[1]);
@@ -392,7 +390,7 @@ struct WorkerGroup::Impl {
     if (!options.log_dir.empty()) make_log_dir();
     try {
       Fd dev_null = above_stdio(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-      if (!dev_null.valid()) throw_errno("open /dev/null");
+      if (!dev_null.valid()) net::throw_errno("open /dev/null", errno);
       for (const auto& spec : specs) spawn(spec, dev_null.get());
     } catch (...) {
       release_all();
@@ -435,7 +433,7 @@ struct WorkerGroup::Impl {
     plan.error_fd = exec_error.write_end.get();
 
     pid_t pid = fork_with_signals_blocked();
-    if (pid < 0) throw_errno("fork");
+    if (pid < 0) net::throw_errno("fork", errno);
     if (pid == 0) exec_worker(plan);
     setpgid(pid, pid);  // both sides do it, so that the group exists before either goes on
     worker->pid = pid;
@@ -501,7 +499,7 @@ struct WorkerGroup::Impl {
       sources.push_back({nullptr, 0});
     }
     int ready = ::poll(fds.data(), fds.size(), until.remaining_ms());
-    if (ready < 0 && errno != EINTR) throw_errno("poll");
+    if (ready < 0 && errno != EINTR) net::throw_errno("poll", errno);
     bool woken = false;
     for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
