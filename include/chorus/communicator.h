@@ -140,6 +140,13 @@ struct CommOptions {
   // shm_gbps, reduce_gbps); empty: the built-in ones. create() throws ConfigError on an
   // unknown key or a value that is not a positive number.
   std::string cost_model;
+  // The allow-list of peer addresses (docs/security.md): a file of addresses and CIDR
+  // blocks; the data connections of every other address are refused. Empty: every
+  // address. `allowlist_source` names what set it in messages; from_env() reads
+  // CHORUS_WHITELIST_FILE, else HCCL_WHITELIST_FILE unless HCCL_WHITELIST_DISABLE=1.
+  // create() throws ConfigError for a file it cannot read or parse.
+  std::string allowlist_file;
+  std::string allowlist_source = "CommOptions::allowlist_file";
   // Node identity (CHORUS_NODE_ID); empty: the hostname and the boot id. Ranks with the
   // same identity share memory.
   std::string node_id;

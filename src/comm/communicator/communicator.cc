@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "chorus/error.h"
+#include "comm/common/allowlist.h"
 #include "comm/common/event.h"
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
@@ -50,6 +51,10 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   tcp.comm_id = options_.comm_id;
   tcp.token = options_.job_token;
   tcp.connect_timeout = options_.connect_timeout;
+  if (!options_.allowlist_file.empty()) {
+    tcp.allowlist = std::make_shared<const net::AllowList>(
+        net::AllowList::load(options_.allowlist_file, options_.allowlist_source));
+  }
   transport_ = transport::tcp::connect_mesh(scoped, rank_, size_, tcp);
   for (int r = 0; r < size_; ++r) hosts_.push_back(transport_->host_of(r));
   topology_ = discover_topology(scoped, rank_, size_, local_node_id(options_.node_id));

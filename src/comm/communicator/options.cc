@@ -51,6 +51,10 @@ CommOptions CommOptions::from_env() {
   o.shm_cma = cma == 2 ? CrossMemoryAttach::kAnyNode : cma == 1 ? CrossMemoryAttach::kPairs
                                                            : CrossMemoryAttach::kOff;
   o.cost_model = settings::cost_model();
+  if (auto file = settings::allowlist_file()) {
+    o.allowlist_file = file->path;
+    o.allowlist_source = file->variable;
+  }
   internal::parse_cost_params(o.cost_model);  // a bad value fails here, naming the variable
   o.node_id = settings::node_id();
   o.check_consistency = settings::debug_detail();

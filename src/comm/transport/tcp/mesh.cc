@@ -176,10 +176,9 @@ void connect_to_peers(std::vector<Peer>& peers, const std::vector<Published>& ad
 
 std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size, const TcpOptions& opt) {
   Deadline deadline(opt.connect_timeout);
-  // Read first: a bad allow-list, or too few descriptors, fail before this rank
-  // publishes an address.
+  // Too few descriptors fail before this rank publishes an address.
   std::shared_ptr<const net::AllowList> allowlist = opt.allowlist;
-  if (!allowlist) allowlist = std::make_shared<const net::AllowList>(net::AllowList::from_env());
+  if (!allowlist) allowlist = std::make_shared<const net::AllowList>();
   reserve_descriptors(rank, size, opt.comm_id);
   net::Fd listener = net::listen_on(opt.listen_address, 0);
   net::SockAddr bound = net::local_address(listener.get());

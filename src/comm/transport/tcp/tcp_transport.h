@@ -20,9 +20,8 @@ struct TcpOptions {
   std::string comm_id;         // checked in the handshake
   std::string token;           // job token, proven (never sent) in the handshake
   std::chrono::milliseconds connect_timeout{kDefaultConnectTimeout};
-  // Addresses whose connections this rank accepts. Null: the one the environment names
-  // (net::AllowList::from_env(): CHORUS_WHITELIST_FILE, HCCL_WHITELIST_FILE,
-  // HCCL_WHITELIST_DISABLE).
+  // Addresses whose connections this rank accepts. Null: every address. The
+  // communicator passes the one of CommOptions::allowlist_file.
   std::shared_ptr<const net::AllowList> allowlist;
 };
 
