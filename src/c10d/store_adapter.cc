@@ -1,5 +1,9 @@
 #include "c10d/store_adapter.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -58,23 +62,29 @@ bool C10dStore::check(const std::vector<std::string>& keys) {
 }
 
 void C10dStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  try {
-    store_->wait(keys, timeout);
-  } catch (const std::exception& e) {
-    // c10d says only "Wait timeout"; name what is missing, as chorus's stores do.
-    std::vector<std::string> missing;
-    try {
+  // Polls check() instead of calling c10d's wait() with a timeout: chorus waits in
+  // short slices (store_pages::wait_and_get), and on a loaded machine torch 1.13's
+  // TCPStore wait() then failed with "Socket Timeout" although every key was there
+  // (seed001 on two nodes of two), or a rank waited out its whole connect timeout for
+  // keys the others had read (InitMethods.test_tcp, 3 ranks). check() is one request
+  // and one reply, and never blocks on the server.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  std::chrono::milliseconds pause{1};
+  while (!guarded("check", joined(keys), [&] { return store_->check(keys); })) {
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    if (waited >= timeout) {
+      // Name what is missing, as chorus's stores do.
+      std::vector<std::string> missing;
       for (const std::string& k : keys) {
-        if (!store_->check({k})) missing.push_back(k);
+        if (!guarded("check", k, [&] { return store_->check({k}); })) missing.push_back(k);
       }
-    } catch (const std::exception&) {
-      throw StoreError("torch store wait(" + joined(keys) + ") failed: " + e.what());
+      if (missing.empty()) return;  // the last of them came just now
+      throw TimeoutError("torch store: keys " + joined(missing) + " still missing after " +
+                         std::to_string(waited.count()) + " ms");
     }
-    if (missing.empty()) {
-      throw StoreError("torch store wait(" + joined(keys) + ") failed: " + e.what());
-    }
-    throw TimeoutError("torch store: keys " + joined(missing) + " still missing after " +
-                       std::to_string(timeout.count()) + " ms (" + e.what() + ")");
+    std::this_thread::sleep_for(std::min(pause, timeout - waited));
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
   }
 }
 

@@ -41,6 +41,16 @@ class InitMethods(unittest.TestCase):
         url = "tcp://127.0.0.1:%d" % ranks.free_port()
         ok(self, ranks.run("init_worker.py", 3, [url], env=ENV), "init ok")
 
+    def test_tcp_with_a_late_rank(self):
+        # The others wait for rank 2's address in many short store waits: a torch
+        # TCPStore wait that timed out used to leave its late reply on the socket and
+        # break the next request ("Socket Timeout", or a wait without end).
+        url = "tcp://127.0.0.1:%d" % ranks.free_port()
+        rs = ranks.finish(ranks.start("init_worker.py", 3, [url], env=ENV,
+                                      rank_env=lambda r: {"CHORUS_PY_INIT_DELAY": "3" if r == 2 else "0"}),
+                          120)
+        ok(self, rs, "init ok")
+
     def test_file(self):
         path = os.path.join(tempfile.mkdtemp(), "store")
         ok(self, ranks.run("init_worker.py", 3, ["file://" + path], env=ENV), "init ok")
