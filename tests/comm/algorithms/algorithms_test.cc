@@ -151,7 +151,7 @@ void allreduce_cases(RankContext& rc, const char* name, AllreduceFn fn, bool pip
       for (bool in_place : {false, true}) {
         Bytes in(n * elem), out(n * elem + elem, kSentinelByte);
         fill_reduce_input(d, op, rank, in.data(), 0, n);
-        if (in_place) std::memcpy(out.data(), in.data(), n * elem);
+        if (in_place && n > 0) std::memcpy(out.data(), in.data(), n * elem);
         fn(rc.begin("allreduce", d, true, op, n, -1, segment), in_place ? out.data() : in.data(),
            out.data(), n);
         std::string at = where(name, rc, d, op_name(op), n, segment, in_place, shape);

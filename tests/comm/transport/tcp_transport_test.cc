@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -178,7 +179,7 @@ void exchange_all(Transport& t, const std::vector<size_t>& lengths) {
     if (p == me) continue;
     for (size_t k = 0; k < lengths.size(); ++k) {
       const std::vector<uint8_t> want = message(p, me, k, lengths[k]);
-      ASSERT_EQ(std::memcmp(in[p][k].data(), want.data(), want.size()), 0)
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), in[p][k].begin()))
           << "message " << k << " (" << lengths[k] << " bytes) from rank " << p << " to rank " << me;
       ASSERT_EQ(in[p][k][lengths[k]], 0xEE) << "message " << k << " from rank " << p
                                              << " wrote past its " << lengths[k] << " bytes";
