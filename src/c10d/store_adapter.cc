@@ -71,7 +71,8 @@ void C10dStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   std::chrono::milliseconds pause{1};
-  while (!guarded("check", joined(keys), [&] { return store_->check(keys); })) {
+  const std::string all = joined(keys);
+  while (!guarded("check", all, [&] { return store_->check(keys); })) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
     if (waited >= timeout) {
       // Name what is missing, as chorus's stores do.

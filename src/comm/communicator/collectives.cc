@@ -57,7 +57,7 @@ std::vector<size_t> packed_displs(std::span<const size_t> counts) {
 
 Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, DataType dtype,
                                  ReduceOp op) {
-  Validator v("allreduce", rank_, size_);
+  Validator v(Collective::kAllreduce, rank_, size_);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
@@ -79,7 +79,7 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
 
 Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, DataType dtype,
                                  int root) {
-  Validator v("broadcast", rank_, size_);
+  Validator v(Collective::kBroadcast, rank_, size_);
   v.root(root);
   size_t bytes = v.bytes(count, dtype, "count");
   if (rank_ == root) v.buffer(send, count, "send");
@@ -100,7 +100,7 @@ Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, Dat
 
 Work CommunicatorImpl::reduce(const void* send, void* recv, size_t count, DataType dtype,
                               ReduceOp op, int root) {
-  Validator v("reduce", rank_, size_);
+  Validator v(Collective::kReduce, rank_, size_);
   v.root(root);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(send, count, "send");
@@ -115,7 +115,7 @@ Work CommunicatorImpl::reduce(const void* send, void* recv, size_t count, DataTy
 }
 
 Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, DataType dtype) {
-  Validator v("allgather", rank_, size_);
+  Validator v(Collective::kAllgather, rank_, size_);
   size_t total_bytes = v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
@@ -134,7 +134,7 @@ Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, Dat
 Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* recv,
                                   std::span<const size_t> recv_counts,
                                   std::span<const size_t> displs, DataType dtype) {
-  Validator v("allgatherv", rank_, size_);
+  Validator v(Collective::kAllgatherv, rank_, size_);
   v.counts(recv_counts, "recv_counts");
   v.displs(recv_counts, displs, dtype, "displs");
   v.bytes(v.extent(recv_counts, displs), dtype, "recv extent");
@@ -161,7 +161,7 @@ Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* rec
 
 Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_count,
                                       DataType dtype, ReduceOp op) {
-  Validator v("reduce_scatter", rank_, size_);
+  Validator v(Collective::kReduceScatter, rank_, size_);
   size_t total_bytes = v.blocks_bytes(recv_count, dtype, "recv_count");
   size_t total = recv_count * static_cast<size_t>(size_);
   v.buffer(send, total, "send");
@@ -178,7 +178,7 @@ Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_
 
 Work CommunicatorImpl::gather(const void* send, void* recv, size_t count, DataType dtype,
                               int root) {
-  Validator v("gather", rank_, size_);
+  Validator v(Collective::kGather, rank_, size_);
   v.root(root);
   v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
@@ -192,7 +192,7 @@ Work CommunicatorImpl::gather(const void* send, void* recv, size_t count, DataTy
 
 Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataType dtype,
                                int root) {
-  Validator v("scatter", rank_, size_);
+  Validator v(Collective::kScatter, rank_, size_);
   v.root(root);
   v.blocks_bytes(count, dtype, "count");
   if (rank_ == root) v.buffer(send, count, "send");
@@ -205,7 +205,7 @@ Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataT
 }
 
 Work CommunicatorImpl::alltoall(const void* send, void* recv, size_t count, DataType dtype) {
-  Validator v("alltoall", rank_, size_);
+  Validator v(Collective::kAlltoall, rank_, size_);
   size_t total_bytes = v.blocks_bytes(count, dtype, "count");
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
@@ -228,7 +228,7 @@ Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_
                                  std::span<const size_t> send_displs, void* recv,
                                  std::span<const size_t> recv_counts,
                                  std::span<const size_t> recv_displs, DataType dtype) {
-  Validator v("alltoallv", rank_, size_);
+  Validator v(Collective::kAlltoallv, rank_, size_);
   v.counts(send_counts, "send_counts");
   v.counts(recv_counts, "recv_counts");
   v.displs(send_counts, send_displs, dtype, "send_displs");
@@ -306,7 +306,7 @@ Work CommunicatorImpl::barrier() {
 }
 
 Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int peer) {
-  Validator v("send", rank_, size_);
+  Validator v(Collective::kSend, rank_, size_);
   v.peer(peer);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(buf, count, "send");
@@ -320,7 +320,7 @@ Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int p
 }
 
 Work CommunicatorImpl::recv(void* buf, size_t count, DataType dtype, int peer) {
-  Validator v("recv", rank_, size_);
+  Validator v(Collective::kRecv, rank_, size_);
   v.peer(peer);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(buf, count, "recv");

@@ -1,11 +1,6 @@
 #include "comm/communicator/communicator_impl.h"
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
-#include <numeric>
-#include <string_view>
 
 #include "chorus/error.h"
 #include "comm/common/allowlist.h"

@@ -12,7 +12,8 @@ namespace chorus::internal {
 
 class Validator {
  public:
-  Validator(const char* op, int rank, int size) : op_(op), rank_(rank), size_(size) {}
+  Validator(Collective op, int rank, int size)
+      : op_(collective_name(op)), rank_(rank), size_(size) {}
 
   // count * element size, or an error when it overflows or exceeds 2^62 bytes.
   size_t bytes(size_t count, DataType dtype, const char* what) const;
