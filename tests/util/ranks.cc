@@ -37,6 +37,12 @@ CommOptions test_options() {
   return options;
 }
 
+bool direct_shm(const CommOptions& o) {
+  return o.transport != TransportKind::kTcp &&
+         (o.algorithm == Algorithm::kAuto || o.algorithm == Algorithm::kShmDirect ||
+          o.algorithm == Algorithm::kHierarchical);
+}
+
 std::string describe(const std::exception_ptr& error) {
   if (!error) return "<no error>";
   try {

@@ -41,6 +41,12 @@ inline constexpr seconds kDefaultRankDeadline{300};
 // harness does) and listening on loopback only.
 CommOptions test_options();
 
+// Whether ranks of one node with options `o` run the direct shared-memory algorithms,
+// which compare every rank's call at their first phase: shared memory, and no forced
+// flat algorithm (CHORUS_ALGO=ring, say, whose messages go through the node's streams
+// and fail as they do over tcp: a rank whose part only sends may complete).
+bool direct_shm(const CommOptions& o);
+
 // Thrown in the test thread when one or more ranks failed. what() lists every failed
 // rank with its message, root causes (non-AbortedError) first.
 class RankFailure : public std::runtime_error {

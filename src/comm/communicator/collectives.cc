@@ -312,9 +312,7 @@ Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int p
   v.buffer(buf, count, "send");
   OpSpec s = shaped(spec(Collective::kSend, dtype), count, peer);  // the flight recorder's count and peer
   return enqueue(s, [=](const Context& ctx) {
-    // A peer on this node: through its channel in shared memory (both ranks choose it).
-    const int local = ctx.shm != nullptr ? ctx.shm->local_of(peer) : -1;
-    if (local >= 0) return ctx.shm->send(local, buf, bytes);
+    // The transport routes: a peer on this node through shared memory, others over tcp.
     ctx.transport.wait(ctx.transport.isend(peer, buf, bytes));
   });
 }
@@ -326,8 +324,6 @@ Work CommunicatorImpl::recv(void* buf, size_t count, DataType dtype, int peer) {
   v.buffer(buf, count, "recv");
   OpSpec s = shaped(spec(Collective::kRecv, dtype), count, peer);  // the flight recorder's count and peer
   return enqueue(s, [=](const Context& ctx) {
-    const int local = ctx.shm != nullptr ? ctx.shm->local_of(peer) : -1;
-    if (local >= 0) return ctx.shm->recv(local, buf, bytes);
     ctx.transport.wait(ctx.transport.irecv(peer, buf, bytes));
   });
 }

@@ -12,6 +12,8 @@
 #include "comm/communicator/cost_model.h"
 #include "comm/reduce/reduce.h"
 #include "comm/store/key_ledger.h"
+#include "comm/transport/routed_transport.h"
+#include "comm/transport/shm/shm_transport.h"
 #include "comm/transport/tcp/tcp_transport.h"
 #include "comm/transport/topology.h"
 
@@ -102,7 +104,16 @@ void CommunicatorImpl::connect_shared_memory(Store& scoped) {
   config.cma_any_size = options_.shm_cma == CommOptions::CrossMemoryAttach::kAnyNode;
   std::string why_not;
   shm_ = transport::shm::ShmGroup::connect(scoped, config, why_not);
-  if (shm_) return;
+  if (shm_) {
+    // From here on every message goes by its peer: this node's ranks through shared
+    // memory, the others over tcp.
+    std::vector<bool> on_node(size_, false);
+    for (int r : config.members) on_node[r] = true;
+    transport_ = std::make_unique<transport::RoutedTransport>(
+        std::move(transport_), std::make_unique<transport::shm::ShmTransport>(*shm_, size_),
+        std::move(on_node));
+    return;
+  }
   std::string message = "shared memory between the " + std::to_string(topology_.local_size) +
                         " ranks of this node could not be set up: " + why_not;
   if (options_.transport == TransportKind::kShm) {
@@ -130,10 +141,7 @@ CommunicatorImpl::~CommunicatorImpl() {
   queue_signal_.fetch_add(1, std::memory_order_release);
   futex_wake_all(queue_signal_);
   if (thread_.joinable()) thread_.join();
-  if (!transport_aborted_) {
-    transport_->close();
-    if (shm_) shm_->close();
-  }
+  if (!transport_aborted_) transport_->close();  // shared memory's too
 }
 
 const std::string& CommunicatorImpl::host_of(int rank) const { return hosts_.at(rank); }
@@ -199,8 +207,7 @@ void CommunicatorImpl::run(Op& op) {
   if (recorder_.enabled()) recorder_.running(op.trace_slot);
   try {
     if (options_.check_consistency && !is_p2p(op.spec.what) && size_ > 1) check_consistency(op);
-    transport_->begin(info);
-    if (shm_) shm_->begin(info);
+    transport_->begin(info);  // shared memory's too
     op.body(ctx);
     if (recorder_.enabled()) recorder_.finished(op.trace_slot, "");
     unfinished_.fetch_sub(1, std::memory_order_acq_rel);
@@ -224,8 +231,7 @@ void CommunicatorImpl::run(Op& op) {
       if (!abort_requested_.load()) abort_reason_ = reason;
       abort_requested_.store(true);
     }
-    if (shm_) shm_->abort(reason);  // first, as above
-    transport_->abort(reason);
+    transport_->abort(reason);  // shared memory's first: it tells the local peers at once
     transport_aborted_ = true;
     unfinished_.fetch_sub(1, std::memory_order_acq_rel);
     if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(std::current_exception());
@@ -245,8 +251,7 @@ void CommunicatorImpl::abort_with(const std::string& reason) {
     abort_requested_.store(true);
   }
   write_trace(reason);
-  transport_->interrupt(reason);
-  if (shm_) shm_->interrupt(reason);
+  transport_->interrupt(reason);  // shared memory's too
   queue_signal_.fetch_add(1, std::memory_order_release);
   futex_wake_all(queue_signal_);
 }

@@ -119,10 +119,12 @@ class CommunicatorImpl final : public Communicator,
   const int rank_, size_;
   const CommOptions options_;
   std::shared_ptr<Store> user_store_;
-  std::unique_ptr<transport::Transport> transport_;
   // The ranks of this node in shared memory; null with one rank per node, with
-  // CHORUS_TRANSPORT=tcp, or when it could not be set up.
+  // CHORUS_TRANSPORT=tcp, or when it could not be set up. Declared before transport_,
+  // whose shared-memory part uses it, so that it outlives it.
   std::unique_ptr<transport::shm::ShmGroup> shm_;
+  // tcp alone, or (with shm_) routed: this node's ranks through shared memory.
+  std::unique_ptr<transport::Transport> transport_;
   std::vector<std::string> hosts_;
   Topology topology_;
   Shape shape_;       // for the cost model

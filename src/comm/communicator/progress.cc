@@ -87,9 +87,8 @@ bool CommunicatorImpl::run_queued(const WorkState* until) {
   }
   if (abort_requested_.load() && !transport_aborted_) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
-    // Shared memory first: it tells the local peers at once, while tcp's abort lingers
-    // up to half a second for its peers to hang up.
-    if (shm_) shm_->abort(abort_reason_);
+    // The routed transport aborts shared memory first: it tells the local peers at
+    // once, while tcp's abort lingers up to half a second for its peers to hang up.
     transport_->abort(abort_reason_);
     transport_aborted_ = true;
   }

@@ -41,6 +41,9 @@ class SubsetTransport : public Transport {
   // cannot tell them apart, and an algorithm that waits for all expects nothing to be
   // pending afterwards anyway.
   void wait_all() override { base_.wait_all(); }
+  bool wait_for(const Request* request, std::chrono::microseconds slice) override {
+    return base_.wait_for(request, slice);
+  }
   void interrupt(const std::string& reason) override { base_.interrupt(reason); }
   // No-ops on the base (see above); later posts through the view throw.
   void abort(const std::string& reason) override { closed_ = true; }

@@ -138,6 +138,11 @@ class Transport {
   virtual bool test(const Request& request) const = 0;
   // Drives all streams until every posted request is complete.
   virtual void wait_all() = 0;
+  // Drives all streams until `request` is complete (null: every posted request), or for
+  // about `slice` at most: true when it completed. What a transport made of others
+  // (routed_transport.h) calls to drive each of them in turn. Errors and the
+  // operation's deadline as in wait().
+  virtual bool wait_for(const Request* request, std::chrono::microseconds slice) = 0;
 
   // Thread-safe: makes the wait in progress (or the next one) throw AbortedError with
   // `reason` promptly. The driving thread then calls abort().

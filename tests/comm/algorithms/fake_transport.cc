@@ -78,15 +78,25 @@ bool FakeTransport::test(const Request& request) const {
   return hub_.done(rank_, request);
 }
 
+bool FakeTransport::all_done() const {
+  for (int p = 0; p < hub_.size_; ++p) {
+    const FakeHub::Stream& out = hub_.stream(rank_, p);
+    const FakeHub::Stream& in = hub_.stream(p, rank_);
+    if (out.sends_done != out.sends_posted || in.recvs_done != in.recvs_posted) return false;
+  }
+  return true;
+}
+
 void FakeTransport::wait_all() {
-  hub_.wait_for(rank_, op_, [&] {
-    for (int p = 0; p < hub_.size_; ++p) {
-      const FakeHub::Stream& out = hub_.stream(rank_, p);
-      const FakeHub::Stream& in = hub_.stream(p, rank_);
-      if (out.sends_done != out.sends_posted || in.recvs_done != in.recvs_posted) return false;
-    }
-    return true;
-  });
+  hub_.wait_for(rank_, op_, [&] { return all_done(); });
+}
+
+bool FakeTransport::wait_for(const Request* request, std::chrono::microseconds slice) {
+  const auto until = std::chrono::steady_clock::now() + slice;
+  if (request != nullptr) {
+    return hub_.wait_for(rank_, op_, [&] { return hub_.done(rank_, *request); }, until);
+  }
+  return hub_.wait_for(rank_, op_, [&] { return all_done(); }, until);
 }
 
 void FakeTransport::interrupt(const std::string& reason) {
@@ -199,7 +209,8 @@ int FakeHub::departed_peer(int rank) const {
 }
 
 template <typename Complete>
-void FakeHub::wait_for(int rank, const OpInfo& op, Complete complete) {
+bool FakeHub::wait_for(int rank, const OpInfo& op, Complete complete,
+                       std::chrono::steady_clock::time_point until) {
   std::unique_lock<std::mutex> lock(mu_);
   RankState& me = ranks_[rank];
   const std::string here = rank_name(rank) + " (host " + hosts_[rank] + ")";
@@ -209,13 +220,14 @@ void FakeHub::wait_for(int rank, const OpInfo& op, Complete complete) {
                          me.interrupt);
     }
     if (!me.failure.empty()) throw PeerError(me.failure);
-    if (complete()) return;
+    if (complete()) return true;
     if (int p = departed_peer(rank); p >= 0) {
       me.failure = op_label(op.name, op.seq) + " failed on " + here + ": " + ranks_[p].left;
       throw PeerError(me.failure);
     }
     if (op.deadline.expired()) break;
-    wake_[rank].wait_until(lock, op.deadline.time_point());
+    if (std::chrono::steady_clock::now() >= until) return false;
+    wake_[rank].wait_until(lock, std::min(until, op.deadline.time_point()));
   }
   std::ostringstream m;
   m << op_label(op.name, op.seq) << " timed out on " << here << "; still waiting:";

@@ -33,6 +33,7 @@
 // the message pattern of an algorithm.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -69,11 +70,15 @@ class FakeTransport final : public transport::Transport {
   void wait(const transport::Request& request) override;
   bool test(const transport::Request& request) const override;
   void wait_all() override;
+  bool wait_for(const transport::Request* request, std::chrono::microseconds slice) override;
   void interrupt(const std::string& reason) override;
   void abort(const std::string& reason) override;
   void close() override;
 
  private:
+  // Every posted request of this rank is complete; needs the hub's mu_.
+  bool all_done() const;
+
   FakeHub& hub_;
   int rank_;
   transport::OpInfo op_;
@@ -133,9 +138,11 @@ class FakeHub {
   void match(int from, int to);
   // Whether `request` of `rank` is complete; needs mu_.
   bool done(int rank, const transport::Request& request) const;
-  // Waits until `complete()` holds for `rank`, or throws as the header describes.
+  // Waits until `complete()` holds for `rank` (true), or `until` passes (false), or
+  // throws as the header describes.
   template <typename Complete>
-  void wait_for(int rank, const transport::OpInfo& op, Complete complete);
+  bool wait_for(int rank, const transport::OpInfo& op, Complete complete,
+                std::chrono::steady_clock::time_point until = std::chrono::steady_clock::time_point::max());
   // The first peer that `rank` waits for and that has left, or -1; needs mu_.
   int departed_peer(int rank) const;
 

@@ -450,6 +450,10 @@ class RecordingTransport : public transport::Transport {
   }
   bool test(const transport::Request&) const override { return false; }
   void wait_all() override { log.push_back("wait_all"); }
+  bool wait_for(const transport::Request* r, std::chrono::microseconds) override {
+    log.push_back(r != nullptr ? "wait_for " + std::to_string(r->peer) : "wait_for all");
+    return true;
+  }
   void interrupt(const std::string& reason) override { log.push_back("interrupt " + reason); }
   void abort(const std::string&) override { log.push_back("abort"); }
   void close() override { log.push_back("close"); }

@@ -26,7 +26,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-bool over_shm(const CommOptions& o) { return o.transport != TransportKind::kTcp; }
 
 // A hang exceeds this deadline; a mismatch must fail long before it, naming the
 // mismatch (a timeout's message does not).
@@ -197,8 +196,8 @@ TEST(Mismatch, AllgatherOfDifferentCountsFailsEveryRank) {
 // that root's data, and its next call fails naming the mismatch. Every other rank fails
 // the broadcast itself: one that receives data sent under another root, and one that
 // would otherwise wait forever for a parent that never sends (its parent under its root
-// is a leaf under theirs; with (1, 0) on 2 ranks nobody sends at all). Over shared
-// memory every rank fails the broadcast itself.
+// is a leaf under theirs; with (1, 0) on 2 ranks nobody sends at all). With the direct
+// shared-memory algorithms every rank fails the broadcast itself.
 TEST(Mismatch, BroadcastWithDifferentRootsFailsEveryRank) {
   struct Case {
     std::vector<int> roots;          // each rank's root
@@ -241,7 +240,7 @@ TEST(Mismatch, BroadcastWithDifferentRootsFailsEveryRank) {
         SCOPED_TRACE("rank " + std::to_string(r));
         const Outcome& x = out[r];
         EXPECT_TRUE(x.peer_error);
-        const bool may = !over_shm(o) && std::find(k.may_complete.begin(), k.may_complete.end(), r) !=
+        const bool may = !test::direct_shm(o) && std::find(k.may_complete.begin(), k.may_complete.end(), r) !=
                                              k.may_complete.end();
         if (!x.completed) {
           expect_mismatch(x.call, "broadcast #1", called);

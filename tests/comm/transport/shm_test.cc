@@ -23,6 +23,7 @@
 #include "chorus/chorus.h"
 #include "comm/transport/topology.h"
 #include "comm/transport/shm/shm_group.h"
+#include "comm/transport/shm_groups.h"
 #include "util/ranks.h"
 
 namespace chorus {
@@ -240,25 +241,6 @@ TEST(Shm, AllreduceGivesEveryRankTheRankOrderFold) {
   }
 }
 
-// A group of `size` local ranks meeting in `store`, as a communicator's would, trying
-// cross-memory attach as told.
-std::unique_ptr<transport::shm::ShmGroup> connect_group(Store& store, int rank, int size,
-                                                        bool try_cma = false,
-                                                        bool cma_any_size = false) {
-  transport::shm::GroupConfig config;
-  config.rank = rank;
-  for (int r = 0; r < size; ++r) {
-    config.members.push_back(r);
-    config.hosts.push_back("h" + std::to_string(r));
-  }
-  config.buffer_bytes = 64 * 1024;
-  config.try_cma = try_cma;
-  config.cma_any_size = cma_any_size;
-  std::string why_not;
-  auto group = transport::shm::ShmGroup::connect(store, config, why_not);
-  if (!group) throw std::runtime_error("shm group: " + why_not);
-  return group;
-}
 
 // The ranks agree on cross-memory attach: on when every rank can read every other's
 // memory, off everywhere when any rank is told not to try (CHORUS_SHM_CMA=0 on one).

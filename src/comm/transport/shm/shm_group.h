@@ -20,15 +20,10 @@
 // same one with another dtype, count, op or root, fail with a message naming both calls
 // instead of exchanging wrong data. Every rank compares, so every rank fails.
 //
-// Point to point (send/recv between local ranks): every ordered pair of local ranks has
-// a byte stream in the segment, a ring of channel_bytes_ that only the sender writes
-// and only the receiver reads, with a header before every message (length, number, and
-// the send's dtype and count, checked on receipt against the recv's: a recv of another
-// dtype or count fails naming both calls). A send returns once its last byte is in the
-// ring, so a message that fits needs no receiver yet; a longer one waits for the
-// receiver to drain the ring, as a tcp send waits for a full socket buffer. Data in the
-// ring outlives the sender: a rank may send and leave. Waits are those of the phases
-// (spin, then the futex), and check only the one peer: it aborted, closed or died.
+// Point to point: every ordered pair of local ranks has a byte stream in the segment, a
+// ring that only the sender writes and only the receiver reads. ShmTransport
+// (shm_transport.h) moves messages through them behind the Transport interface; the
+// group only lays them out (stream()) and lends it its waits, checks and errors.
 //
 // Shared work: after a phase that every rank has passed, the ranks can share a round of
 // numbered pieces out (begin_work() with the same count on every rank): a rank takes the
@@ -48,6 +43,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -145,10 +141,42 @@ class ShmGroup {
 
   // Local index of communicator rank `rank`, or -1 when it is on another node.
   int local_of(int rank) const;
-  // Sends `len` bytes to local rank i, or receives exactly `len` bytes from it (a
-  // message of another length is a PeerError naming both ranks and lengths).
-  void send(int i, const void* data, size_t len);
-  void recv(int i, void* data, size_t len);
+  // Host name of communicator rank `rank`.
+  const std::string& host_of(int rank) const { return config_.hosts.at(rank); }
+
+  // ---- For ShmTransport (shm_transport.h): the streams and the group's waits.
+  // The stream from local rank `from` to local rank `to`: `head` (bytes written, in
+  // all) only the sender writes, `tail` (bytes read) only the receiver.
+  struct Stream {
+    uint64_t* head;
+    uint64_t* tail;
+    uint8_t* ring;
+    size_t capacity;
+  };
+  Stream stream(int from, int to) const;
+  // Wakes sleepers, if any, after a store they may wait for.
+  void notify();
+  // Waits as the phases wait (spinning briefly, then napping on the segment's futex)
+  // until ready() (true) or `until` (false). Before every nap it calls check(liveness),
+  // liveness being true once per kLivenessPeriod; once the operation's deadline has
+  // passed, expired(), which must throw.
+  bool wait_streams(const std::function<bool()>& ready, const std::function<void(bool)>& check,
+                    const std::function<void()>& expired, std::chrono::steady_clock::time_point until);
+  // Throws AbortedError after interrupt().
+  void check_interrupt();
+  // Throws PeerError when local rank i aborted, or, while this rank waits for it
+  // (`waiting`), closed or (with `liveness`) died; `closed` and `died` end the messages.
+  void check_peer(int i, bool liveness, bool waiting, const std::string& closed,
+                  const std::string& died);
+  // Publishes that this rank waits in `call` for the local ranks of `awaited` (a bit
+  // each; bit 63 stands for 63 and beyond), until clear_waiting(); read_waiting() reads
+  // local rank i's, false when it waits in nothing (or is just changing it).
+  void publish_waiting(const OpDesc& call, uint64_t awaited);
+  void clear_waiting();
+  bool read_waiting(int i, OpDesc& call, uint64_t& awaited) const;
+  // "allreduce #7" for the current operation (begin()); "rank 3 (host h)" for local i.
+  std::string op_name() const;
+  std::string rank_name(int local) const;
 
   // Thread-safe: the wait in progress (or the next) throws AbortedError.
   void interrupt(const std::string& reason);
@@ -169,35 +197,19 @@ class ShmGroup {
   // Spins briefly (oversubscribed: yields, spinning a little first when
   // on_my_core(this CPU) says nobody it waits for was last seen on this core) until
   // ready(), then sleeps on the epoch futex, calling check(liveness) before every sleep
-  // and expired() once the deadline passed.
+  // and expired() once the deadline passed; false when `until` came first (layout.h).
   template <class Ready, class Check, class Expired, class OnMyCore>
-  void wait_until(Ready&& ready, Check&& check, Expired&& expired, OnMyCore&& on_my_core);
-  void check_interrupt();
-  // Throws PeerError when local rank i aborted, or, while this rank waits for it
-  // (`waiting`), closed or (with `liveness`) died; `closed` and `died` end the messages.
-  void check_peer(int i, bool liveness, bool waiting, const std::string& closed,
-                  const std::string& died);
+  bool wait_until(Ready&& ready, Check&& check, Expired&& expired, OnMyCore&& on_my_core,
+                  std::chrono::steady_clock::time_point until = std::chrono::steady_clock::time_point::max());
   void check_peers(uint64_t phase, bool liveness);
   void check_descriptors();
   void probe_cma(Store& store, const std::string& base);
   [[noreturn]] void fail_read(int i, int err);
   void wake();
-  // Wakes sleepers, if any, after a store they may wait for.
-  void notify();
-  Channel& channel(int from, int to) const;
-  uint8_t* ring(int from, int to) const;
-  void write_stream(int to, const uint8_t* data, size_t n);
-  void read_stream(int from, uint8_t* data, size_t n);
-  // Waits until `ready()`, for local rank i to `what` ("receive", "send"); throws what
-  // check_peer() finds, or TimeoutError at the operation's deadline.
-  template <class Ready>
-  void wait_for_peer(int i, Ready&& ready, const char* what);
   [[noreturn]] void fail_timeout(uint64_t phase) const;
   // TimeoutError naming the local ranks in `awaited`, waited for to `what` (or null).
   [[noreturn]] void fail_timeout_for(const std::vector<int>& awaited, const char* what) const;
   bool work_done() const;
-  std::string op_name() const;
-  std::string rank_name(int local) const;
 
   GroupConfig config_;
   Segment segment_;
@@ -227,7 +239,6 @@ class ShmGroup {
   bool left_ = false;
   bool cma_ = false;
   size_t channel_bytes_ = 0;     // each point-to-point ring
-  std::vector<uint64_t> sent_, received_;  // messages per local peer, point to point
   uint64_t probe_cookie_ = 0;   // read by the peers at set-up to try cross-memory attach
 };
 

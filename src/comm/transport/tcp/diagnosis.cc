@@ -51,16 +51,6 @@ void TcpTransport::fail_mismatched(int peer, const RecvEntry& e) {
   fail_peer(peer, m.str());
 }
 
-const Call* TcpTransport::call_of(uint32_t seq) const {
-  if (last_collective_ == UINT64_MAX) return nullptr;
-  const auto behind = static_cast<int32_t>(static_cast<uint32_t>(last_collective_) - seq);
-  // Not made yet (or before the first call).
-  if (behind < 0 || static_cast<uint64_t>(behind) > last_collective_) return nullptr;
-  const uint64_t full = last_collective_ - static_cast<uint64_t>(behind);
-  const Call& c = calls_[full % kCallHistory];
-  return c.seq == full ? &c : nullptr;
-}
-
 void TcpTransport::check_against_call(int peer, const FrameHeader& h) {
   // The consistency check of CHORUS_DEBUG=DETAIL shares its collective's number.
   if (h.op == kConsistencyCheckCode) return;

@@ -64,9 +64,7 @@ void TcpTransport::begin(const OpInfo& op) {
   ++serial_;
   first_sleep_ = Clock::time_point{};
   suspect_ = waiting_sent_ = false;
-  if (op.kind != FrameKind::kCollective) return;
-  calls_[op.seq % kCallHistory] = Call{op.seq, op.code, op.sig};
-  last_collective_ = op.seq;
+  calls_.record(op);
 }
 
 Request TcpTransport::isend(int peer, const void* data, size_t len) {
@@ -103,22 +101,29 @@ bool TcpTransport::all_done() const {
 }
 
 void TcpTransport::wait(const Request& request) {
-  drive_until([&] { return done(request); });
+  drive_until([&] { return done(request); }, Clock::time_point::max());
 }
 
 void TcpTransport::wait_all() {
-  drive_until([&] { return all_done(); });
+  drive_until([&] { return all_done(); }, Clock::time_point::max());
+}
+
+bool TcpTransport::wait_for(const Request* request, std::chrono::microseconds slice) {
+  const Clock::time_point until = Clock::now() + slice;
+  if (request != nullptr) return drive_until([&] { return done(*request); }, until);
+  return drive_until([&] { return all_done(); }, until);
 }
 
 template <class Pred>
-void TcpTransport::drive_until(Pred pred) {
+bool TcpTransport::drive_until(Pred pred, Clock::time_point until) {
   if (closed_) throw AbortedError(op_name() + " on " + here() + ": the transport is closed");
-  if (pred()) return;
+  if (pred()) return true;
   auto spin_until = Clock::now() + kSpin;
   while (true) {
     bool moved = progress_all();
-    if (pred()) return;
+    if (pred()) return true;
     auto now = Clock::now();
+    if (now >= until) return false;
     if (moved) spin_until = now + kSpin;
     if (now < spin_until) {
       if (!moved) {
@@ -129,8 +134,8 @@ void TcpTransport::drive_until(Pred pred) {
     }
     check_interrupt();
     if (op_.deadline.expired()) fail_timeout();
-    poll_once();
-    if (pred()) return;
+    poll_once(until);
+    if (pred()) return true;
   }
 }
 
@@ -274,7 +279,7 @@ void TcpTransport::finish_header(int peer, RecvEntry& e, size_t payload_read) {
   }
 }
 
-void TcpTransport::poll_once() {
+void TcpTransport::poll_once(Clock::time_point until) {
   // After kSuspectAfter asleep in this operation, the first frame on every idle stream
   // is checked once (POLLIN), and the peers waited for are told what this rank waits in.
   const auto now = Clock::now();
@@ -305,6 +310,10 @@ void TcpTransport::poll_once() {
     }
   }
   int timeout = op_.deadline.remaining_ms(kPollSliceMs);
+  if (until != Clock::time_point::max()) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
+    timeout = std::min<int>(timeout, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+  }
   if (!suspect_) {
     const auto until =
         std::chrono::ceil<std::chrono::milliseconds>(first_sleep_ + kSuspectAfter - now);

@@ -24,26 +24,16 @@
 #include "comm/common/socket.h"
 #include "comm/transport/tcp/frame.h"
 #include "comm/transport/tcp/peer.h"
+#include "comm/transport/call_history.h"
 #include "comm/transport/transport.h"
 
 namespace chorus::transport::tcp {
 
 using Clock = std::chrono::steady_clock;
 
-// Collective calls remembered for frames that arrive after this rank has moved on (a
-// rank that completed a broadcast as a leaf, then reads a frame that the broadcast's
-// other root sent it): far more than ranks drift apart, which a peer's frames bound.
-constexpr size_t kCallHistory = 64;
 // How long a rank about to fail for a peer's frame it cannot explain (a peer already in
 // a later call) waits for frames from other peers that name the disagreement.
 constexpr auto kExplainWithin = std::chrono::milliseconds(200);
-
-// A collective call this rank made, for frames that name its sequence number.
-struct Call {
-  uint64_t seq = UINT64_MAX;  // UINT64_MAX: none
-  uint8_t code = 0;
-  Signature sig;
-};
 
 class TcpTransport final : public Transport {
  public:
@@ -64,6 +54,7 @@ class TcpTransport final : public Transport {
   void wait(const Request& request) override;
   bool test(const Request& request) const override { return done(request); }
   void wait_all() override;
+  bool wait_for(const Request* request, std::chrono::microseconds slice) override;
   void interrupt(const std::string& reason) override;
   void abort(const std::string& reason) override;
   void close() override;
@@ -76,20 +67,21 @@ class TcpTransport final : public Transport {
     return r.is_send ? p.sends_done > r.index : p.recvs_done > r.index;
   }
   bool all_done() const;
-  template <class Pred> void drive_until(Pred pred);
+  // Drives the streams until pred() (true) or `until` (false; max(): no end but the
+  // operation's deadline).
+  template <class Pred> bool drive_until(Pred pred, Clock::time_point until);
   bool progress_all();
   bool progress_sends(int peer);
   bool progress_recvs(int peer);
-  void poll_once();
+  // One poll() of the streams, returning by `until` at the latest.
+  void poll_once(Clock::time_point until);
   void finish_header(int peer, RecvEntry& e, size_t payload_bytes_read);
   void send_control(FrameKind kind, const std::string& text);
 
   // ---- diagnosis.cc ----
   void check_idle_peer(int peer, short revents);
   [[noreturn]] void fail_mismatched(int peer, const RecvEntry& e);
-  // This rank's collective call whose sequence number ends in `seq` (frames carry the
-  // low 32 bits), when it made it and still remembers it.
-  const Call* call_of(uint32_t seq) const;
+  const Call* call_of(uint32_t seq) const { return calls_.of(seq); }
   // Throws PeerError when `h` (from `peer`) names a call of this rank's with another
   // operation or signature.
   void check_against_call(int peer, const FrameHeader& h);
@@ -125,8 +117,7 @@ class TcpTransport final : public Transport {
   std::vector<Peer> peers_;
   OpInfo op_;
   uint64_t serial_ = 0;  // operations begun, this one included
-  Call calls_[kCallHistory];  // by sequence number modulo kCallHistory
-  uint64_t last_collective_ = UINT64_MAX;  // sequence number of the latest collective begun
+  CallHistory calls_;
   // The current operation's slow path: when its first wait went to sleep in poll(),
   // whether it has waited kSuspectAfter since (and looks further), and whether it has
   // sent its waiting frames.

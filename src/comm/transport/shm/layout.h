@@ -1,0 +1,184 @@
+// The layout of a node's segment and the waiting primitives over it, shared by the
+// files of ShmGroup (shm_group.cc: set-up and cross-memory attach; phases.cc: phases and
+// shared work; peers.cc: liveness, aborts and the errors that name a peer) and by
+// ShmTransport (shm_transport.cc: point-to-point streams). Internal to
+// src/comm/transport/shm/: nothing outside this folder includes it.
+//
+// Segment: a header page; one control block per local rank; two buffers per local
+// rank; then one stream (a ring with its head and tail on a page of their own) per
+// ordered pair of local ranks.
+#pragma once
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+#include "comm/transport/shm/shm_group.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace chorus::transport::shm {
+
+inline constexpr uint64_t kMagic = 0x6d68732d73756f68ULL;  // "hous-shm"
+inline constexpr uint32_t kVersion = 6;
+inline constexpr size_t kHeaderBytes = 4096;
+inline constexpr size_t kControlBytes = 1024;
+inline constexpr size_t kReasonBytes = 704;
+
+enum State : uint32_t { kActive = 0, kClosed = 1, kAborted = 2 };
+
+inline size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+inline size_t data_offset(int local_size) {
+  return round_up(kHeaderBytes + static_cast<size_t>(local_size) * kControlBytes, 4096);
+}
+
+// Point to point: each ordered pair's ring. The segment reserves its pages, so the rings
+// shrink as pairs multiply: 256 KiB up to 6 ranks, 128 KiB for 7 and 8 (7 MiB in all),
+// 64 KiB from 9 on (15 MiB for 16 ranks).
+inline size_t channel_bytes_for(int local_size) {
+  const size_t pairs = static_cast<size_t>(local_size) * static_cast<size_t>(std::max(local_size - 1, 1));
+  size_t bytes = size_t{256} << 10;
+  while (bytes > (size_t{64} << 10) && bytes * pairs > (size_t{8} << 20)) bytes /= 2;
+  return bytes;
+}
+// A channel: its head and tail on a page of their own, then the ring.
+inline size_t channel_stride(int local_size) { return 4096 + channel_bytes_for(local_size); }
+
+inline size_t channels_offset(int local_size, size_t buffer_bytes) {
+  return data_offset(local_size) + static_cast<size_t>(local_size) * 2 * buffer_bytes;
+}
+
+inline size_t segment_bytes(int local_size, size_t buffer_bytes) {
+  const size_t pairs = static_cast<size_t>(local_size) * static_cast<size_t>(local_size - 1);
+  return channels_offset(local_size, buffer_bytes) + pairs * channel_stride(local_size);
+}
+
+inline void futex_wait_shared(uint32_t* word, uint32_t old, std::chrono::microseconds timeout) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000) * 1000L;
+  // Not FUTEX_PRIVATE: the word is shared between processes.
+  syscall(SYS_futex, word, FUTEX_WAIT, old, &ts, nullptr, 0);
+}
+
+inline void futex_wake_shared(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Tells the CPU this is a spin-wait loop (frees the core's pipeline for its sibling).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
+
+template <typename T>
+std::atomic_ref<T> atomic(T& v) {
+  return std::atomic_ref<T>(v);
+}
+
+struct ShmGroup::Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t local_size;
+  uint64_t buffer_bytes;
+  uint64_t channel_bytes;
+  alignas(64) uint32_t epoch;     // futex word: changes with every arrival and abort
+  alignas(64) uint32_t sleepers;  // ranks asleep on `epoch`
+  alignas(64) uint64_t taken;     // shared work: pieces taken, in all rounds so far
+  alignas(64) uint64_t finished;  // shared work: pieces finished, in all rounds so far
+};
+
+struct ShmGroup::Control {
+  alignas(64) uint64_t arrived;  // last phase this rank reached
+  uint32_t cpu;                  // the CPU it ran on when it last arrived
+  uint64_t working;              // shared work: 1 + the ticket of the piece it holds; 0: none
+  alignas(64) uint32_t state;    // State
+  int32_t pid;
+  OpDesc desc[2];                // by phase parity: a fast peer may publish the next one
+  uint64_t in_addr, out_addr;    // publish_buffers(): the current operation's buffers
+  uint64_t probe_addr, probe_value;  // set-up: where this rank's probe cookie is, and its value
+  // What this rank waits in, in the streams (publish_waiting()): written under a
+  // sequence lock, `waiting_version` odd while it changes.
+  alignas(64) uint64_t waiting_version;
+  uint64_t waiting_for;          // local ranks awaited, a bit each (bit 63: 63 and beyond)
+  uint64_t waiting_call[4];      // the OpDesc, as words (read while it may change)
+  uint64_t waiting;              // 1 while published
+  char reason[kReasonBytes];     // why it aborted, NUL-terminated
+};
+
+struct ShmGroup::Channel {
+  alignas(64) uint64_t head;  // bytes the sender has written, in all
+  alignas(64) uint64_t tail;  // bytes the receiver has read, in all
+};
+
+template <class Ready, class Check, class Expired, class OnMyCore>
+bool ShmGroup::wait_until(Ready&& ready, Check&& check, Expired&& expired, OnMyCore&& on_my_core,
+                          std::chrono::steady_clock::time_point until) {
+  using Clock = std::chrono::steady_clock;
+  const bool sliced = until != Clock::time_point::max();
+  if (oversubscribed_) {
+    // The rank we wait for may need this very core: hand it over at once (a yield
+    // costs far less than a futex sleep and wake-up), a bounded number of times. When
+    // the ranks we wait for were last seen on other cores, they are running there and
+    // a yield would only hand this core to a local rank that waits too, and have it
+    // hand the core back (some 7 us a switch on this machine): spin a few microseconds
+    // first, then yield all the same, in case one of them has moved here since.
+    // 4 ranks on 2 cores, allreduce 64 B-4 KiB: 12.5-14.0 -> 8.8-10.7 us.
+    for (int i = 0; i < kOversubscribedYields; ++i) {
+      if (ready()) return true;
+      if (!on_my_core(static_cast<uint32_t>(sched_getcpu()))) {
+        for (int k = 0; k < kOversubscribedSpins && !ready(); ++k) cpu_relax();
+        if (ready()) return true;
+      }
+      sched_yield();
+      if (sliced && Clock::now() >= until) return false;
+    }
+  } else {
+    for (int i = 0; i < kSpins; ++i) {
+      if (ready()) return true;
+      if (i >= 64 && (i & 63) == 0) {
+        sched_yield();
+        if (sliced && Clock::now() >= until) return false;
+      }
+      cpu_relax();
+    }
+  }
+  while (!ready()) {
+    auto now = Clock::now();
+    if (now >= until) return false;
+    bool liveness = now >= next_liveness_check_;
+    if (liveness) next_liveness_check_ = now + kLivenessPeriod;
+    check(liveness);
+    if (ready()) return true;  // a check may let what arrived meanwhile through
+    if (op_.deadline.expired()) expired();
+    Header& h = header();
+    atomic(h.sleepers).fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seen = atomic(h.epoch).load(std::memory_order_seq_cst);
+    if (!ready()) {
+      std::chrono::microseconds nap = std::min<std::chrono::microseconds>(
+          kLivenessPeriod, op_.deadline.remaining());
+      if (sliced) {
+        nap = std::min(nap, std::chrono::ceil<std::chrono::microseconds>(until - now));
+      }
+      futex_wait_shared(&h.epoch, seen, std::max(nap, std::chrono::microseconds(sliced ? 1 : 1000)));
+    }
+    atomic(h.sleepers).fetch_sub(1, std::memory_order_seq_cst);
+  }
+  return true;
+}
+
+}  // namespace chorus::transport::shm

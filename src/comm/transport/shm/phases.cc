@@ -1,0 +1,167 @@
+// ShmGroup's phases (arrive, wait_all, the descriptors compared at a phase) and its
+// shared work (pieces taken from a counter in the segment), and the waits that the
+// streams borrow (wait_streams).
+#include <sched.h>
+
+#include <vector>
+
+#include "chorus/error.h"
+#include "comm/transport/shm/layout.h"
+#include "comm/transport/shm/shm_group.h"
+
+namespace chorus::transport::shm {
+
+void ShmGroup::begin(const OpInfo& op) { op_ = op; }
+
+void ShmGroup::expect(uint8_t step) {
+  desc_.seq = op_.seq;
+  desc_.sig = op_.sig;
+  desc_.code = op_.code;
+  desc_.step = step;
+  desc_pending_ = true;
+  check_pending_ = true;
+}
+
+void ShmGroup::wake() {
+  atomic(header().epoch).fetch_add(1, std::memory_order_seq_cst);
+  if (atomic(header().sleepers).load(std::memory_order_seq_cst) > 0) futex_wake_shared(&header().epoch);
+}
+
+void ShmGroup::arrive() {
+  ++phase_;
+  Control& mine = control(local_rank_);
+  if (desc_pending_) {
+    mine.desc[phase_ & 1] = desc_;
+    desc_pending_ = false;
+  }
+  // Where this rank ran, for waiters that choose between spinning and yielding.
+  if (oversubscribed_) atomic(mine.cpu).store(static_cast<uint32_t>(sched_getcpu()), std::memory_order_relaxed);
+  // Only a sleeper needs the epoch to change. A waiter announces itself in `sleepers`
+  // before it checks the arrivals one last time and sleeps; with both sides
+  // sequentially consistent, either it sees this arrival or this sees it. Skipping the
+  // shared epoch when nobody sleeps keeps that cache line from bouncing between the
+  // ranks on every phase (a seventh of a small allreduce's time here).
+  atomic(mine.arrived).store(phase_, std::memory_order_seq_cst);
+  notify();
+}
+
+void ShmGroup::notify() {
+  if (atomic(header().sleepers).load(std::memory_order_seq_cst) > 0) wake();
+}
+
+bool ShmGroup::all_arrived(uint64_t phase) const {
+  for (int i = 0; i < local_size_; ++i) {
+    // Sequentially consistent: the last check before a sleep pairs with arrive()'s
+    // store and load of `sleepers` (on x86 this costs nothing over acquire).
+    if (atomic(control(i).arrived).load(std::memory_order_seq_cst) < phase) return false;
+  }
+  return true;
+}
+
+void ShmGroup::wait_all() {
+  const uint64_t phase = phase_;
+  wait_until([&] { return all_arrived(phase); },
+             [&](bool liveness) { check_peers(phase, liveness); },
+             [&] { fail_timeout(phase); },
+             [&](uint32_t cpu) {  // whether a rank not yet arrived was last seen on `cpu`
+               for (int i = 0; i < local_size_; ++i) {
+                 Control& c = control(i);
+                 if (atomic(c.arrived).load(std::memory_order_acquire) < phase &&
+                     atomic(c.cpu).load(std::memory_order_relaxed) == cpu) return true;
+               }
+               return false;
+             });
+  if (check_pending_) {
+    check_pending_ = false;
+    check_descriptors();
+  }
+}
+
+void ShmGroup::begin_work(uint64_t pieces) {
+  work_begin_ = work_end_;
+  work_end_ = work_begin_ + pieces;
+}
+
+int64_t ShmGroup::take_piece() {
+  auto taken = atomic(header().taken);
+  uint64_t t = taken.load(std::memory_order_relaxed);
+  // Never past the round's end: the next round's tickets follow on, and a rank still
+  // in this round must not take one of them.
+  while (t < work_end_) {
+    if (taken.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      atomic(control(local_rank_).working).store(t + 1, std::memory_order_relaxed);
+      return static_cast<int64_t>(t - work_begin_);
+    }
+  }
+  return -1;
+}
+
+void ShmGroup::finish_piece() {
+  atomic(control(local_rank_).working).store(0, std::memory_order_relaxed);
+  // Release: whoever sees the count reach the round's end sees every piece's results
+  // (each increment continues the release sequence of the ones before it).
+  // Only the round's last piece wakes sleepers: the waiters wait for the round to end,
+  // and a wake-up per piece would have a woken rank take the core from the rank doing
+  // the work, only to find the round unfinished.
+  if (atomic(header().finished).fetch_add(1, std::memory_order_seq_cst) + 1 == work_end_) notify();
+}
+
+bool ShmGroup::work_done() const {
+  return atomic(header().finished).load(std::memory_order_seq_cst) >= work_end_;
+}
+
+void ShmGroup::wait_work() {
+  auto holds_piece = [&](int i) {
+    return atomic(control(i).working).load(std::memory_order_acquire) != 0;
+  };
+  wait_until([&] { return work_done(); },
+             [&](bool liveness) {
+               check_interrupt();
+               for (int i = 0; i < local_size_; ++i) {
+                 if (i == local_rank_) continue;
+                 try {
+                   // Only a rank that holds a piece is waited for. One that finished its
+                   // pieces may have left the operation and closed meanwhile: then the
+                   // round is done, which the check below sees.
+                   check_peer(i, liveness, holds_piece(i),
+                              "closed the communicator while it held a piece of shared work",
+                              "while it held a piece of shared work that this rank waited for");
+                 } catch (const PeerError&) {
+                   if (work_done()) return;
+                   throw;
+                 }
+               }
+             },
+             [&] {
+               std::vector<int> awaited;
+               for (int i = 0; i < local_size_; ++i) {
+                 if (holds_piece(i)) awaited.push_back(i);
+               }
+               // A rank that stopped between taking its piece and marking it held: any
+               // peer may be the one.
+               if (awaited.empty()) {
+                 for (int i = 0; i < local_size_; ++i) {
+                   if (i != local_rank_) awaited.push_back(i);
+                 }
+               }
+               fail_timeout_for(awaited, "finish its piece of the shared reduction");
+             },
+             [&](uint32_t cpu) {  // whether a rank holding a piece was last seen on `cpu`
+               for (int i = 0; i < local_size_; ++i) {
+                 if (holds_piece(i) && atomic(control(i).cpu).load(std::memory_order_relaxed) == cpu) {
+                   return true;
+                 }
+               }
+               return false;
+             });
+}
+
+bool ShmGroup::wait_streams(const std::function<bool()>& ready, const std::function<void(bool)>& check,
+                            const std::function<void()>& expired,
+                            std::chrono::steady_clock::time_point until) {
+  // A peer publishes its core only when it arrives at a phase, which the streams do
+  // not do: always yield.
+  return wait_until(ready, check, expired, [](uint32_t) { return true; }, until);
+}
+
+}  // namespace chorus::transport::shm

@@ -1,0 +1,128 @@
+// The Transport of the ranks of one node, over their streams in the node's segment
+// (shm_group.h): what routed_transport.h sends to a peer on this node.
+//
+// Ranks are numbered as the communicator numbers them; only the group's members are
+// peers (a peer on another node is a logic error of the caller, which routes).
+//
+// Every message carries a header with its call (kind, operation, sequence number and
+// signature, as tcp frames do; transport.h) and its length, written into the stream
+// before its bytes; the receiver compares it with its own call and fails, naming both
+// calls, where they differ. A send completes once its last byte is in the ring, so a
+// message that fits needs no receiver yet; a longer one moves as the receiver drains
+// the ring. Data in a ring outlives its sender: a rank may send and leave.
+//
+// Waiting: progress happens inside wait(), wait_all() and wait_for(), which move bytes
+// on every stream with pending work and, when none can move, wait as the group's
+// phases wait (spin, then the segment's futex), checking the peers they wait for: one
+// that aborted, closed (unless what it left in the ring is enough) or died is a
+// PeerError naming it, the operation's deadline a TimeoutError naming the ranks still
+// awaited and what for. After kSuspectAfter, a waiting rank publishes which call it
+// waits in and for whom, and compares its own calls with what the local peers publish
+// and with the first message waiting unread in each stream, so that ranks that wait
+// for each other under different calls (another root, say) fail naming both.
+//
+// Threading: driven by one thread at a time, as every Transport; interrupt() from any.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "comm/transport/call_history.h"
+#include "comm/transport/shm/shm_group.h"
+#include "comm/transport/transport.h"
+
+namespace chorus::transport::shm {
+
+class ShmTransport final : public Transport {
+ public:
+  // Over `group`'s streams (the group must outlive the transport), in a communicator of
+  // `size` ranks.
+  ShmTransport(ShmGroup& group, int size);
+
+  int rank() const override { return group_.member(group_.local_rank()); }
+  int size() const override { return size_; }
+  const std::string& host_of(int rank) const override { return group_.host_of(rank); }
+  void begin(const OpInfo& op) override;
+
+  Request isend(int peer, const void* data, size_t len) override;
+  Request irecv(int peer, void* data, size_t len) override;
+  void wait(const Request& request) override;
+  bool test(const Request& request) const override;
+  void wait_all() override;
+  bool wait_for(const Request* request, std::chrono::microseconds slice) override;
+  // interrupt(), abort() and close() act on the group, shared with the direct
+  // algorithms: all idempotent.
+  void interrupt(const std::string& reason) override { group_.interrupt(reason); }
+  void abort(const std::string& reason) override;
+  void close() override;
+
+  // Before every message in a stream.
+  struct Header {
+    uint32_t magic;
+    uint8_t kind;    // FrameKind: kCollective or kP2P
+    uint8_t code;    // wire_code() of the call
+    uint8_t dtype;   // the call's Signature
+    uint8_t reduce;
+    int32_t root;
+    uint32_t reserved;
+    uint64_t seq;     // the collective's sequence number; 0 for send/recv
+    uint64_t count;   // Signature::count
+    uint64_t length;  // bytes that follow
+    uint64_t number;  // 1, 2, ... per stream
+  };
+
+ private:
+  struct Send {
+    Header header;
+    const uint8_t* data;
+    size_t done = 0;  // bytes of header and data written
+  };
+  struct Recv {
+    Header want;  // what this rank's call expects (number and magic unset)
+    Header got;
+    uint8_t* data;
+    size_t done = 0;  // bytes of header and data read
+  };
+  struct Peer {
+    std::deque<Send> sends;
+    std::deque<Recv> recvs;
+    uint64_t sends_posted = 0, sends_done = 0, recvs_posted = 0, recvs_done = 0;
+    uint64_t written = 0, read = 0;  // messages, for their numbers
+  };
+  using Clock = std::chrono::steady_clock;
+
+  int local(int peer) const;
+  Header header_for(size_t len) const;
+  bool done(const Request& r) const;
+  bool all_done() const;
+  // Moves what can move on every stream with pending work; true when anything did.
+  bool progress_all();
+  bool progress_sends(int i);
+  bool progress_recvs(int i);
+  // The header of `r` is whole: throws when it is not the message `r` expects.
+  void check_header(int i, const Recv& r);
+  template <class Pred> bool drive_until(Pred pred, Clock::time_point until);
+  // Before a nap: peers waited for that aborted, closed or died; after kSuspectAfter
+  // the calls the peers wait in and the first unread message of every stream.
+  void check_waits(bool liveness);
+  void look_for_mismatch();
+  // Throws when `h` (from local rank i, or published by it) names a call of this rank's
+  // made with another operation or signature.
+  void check_against_call(int i, uint8_t code, uint64_t seq, const Signature& sig);
+  [[noreturn]] void fail_timeout() const;
+  std::string describe(const Header& h, bool own) const;
+
+  ShmGroup& group_;
+  const int size_;
+  std::vector<Peer> peers_;  // by local rank
+  OpInfo op_;
+  CallHistory calls_;
+  Clock::time_point first_nap_{};  // of the current operation
+  bool suspect_ = false;
+};
+
+}  // namespace chorus::transport::shm
