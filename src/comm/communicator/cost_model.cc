@@ -62,14 +62,19 @@ double best_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams&
 
 double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
 
-// Direct shared memory: copy in; small chunks every rank reduces whole. Two ranks reduce
-// every chunk whole too (512 KiB chunks, one phase each); more share larger chunks out
-// in pieces (256 KiB chunks, a phase and a wait for the pieces each, a rank's share of
-// the reduction about n) and copy the result out.
+// Direct shared memory: copy in; small chunks (Tuning::whole_bytes) every rank reduces
+// whole. Two ranks reduce every chunk whole too (whole_chunk_bytes chunks, one phase
+// each); more share larger chunks out in pieces (shared_chunk_bytes chunks, a phase and
+// a wait for the pieces each, a rank's share of the reduction about n) and copy the
+// result out.
 double shm_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
-  if (n <= 8 * 1024) return p.shm_alpha_us + shm_copy_us(p, n) + reduce_us(p, (ranks - 1) * n);
+  const algorithms::Tuning& t = p.tuning;
+  if (n <= static_cast<double>(t.whole_bytes)) {
+    return p.shm_alpha_us + shm_copy_us(p, n) + reduce_us(p, (ranks - 1) * n);
+  }
   const bool pair = ranks == 2;
-  const double chunk = std::min(static_cast<double>(s.shm_chunk), pair ? 512.0 * 1024 : 256.0 * 1024);
+  const double chunk = static_cast<double>(
+      std::min(s.shm_chunk, pair ? t.whole_chunk_bytes : t.shared_chunk_bytes));
   const double waits = (pair ? 1 : 2) * std::max(1.0, std::ceil(n / chunk));
   return waits * p.shm_alpha_us + shm_copy_us(p, pair ? n : 2 * n) + reduce_us(p, n);
 }
