@@ -1,8 +1,9 @@
 // Every measured threshold of the algorithms, in one table: the sizes at which an
 // algorithm changes its path, its chunks and its pieces. The defaults are what was
 // measured (each with its measurement); the cost model owns the table
-// (communicator/cost_model.h: CostParams::tuning), selection reads its cut-offs from
-// it, and every algorithm reads it through Context::tuning.
+// (communicator/cost_model.h: CostParams::tuning, which CHORUS_COST_MODEL may change
+// key by key, the keys being the field names), selection reads its cut-offs from it,
+// and every algorithm reads it through Context::tuning.
 //
 // The direct shared-memory thresholds (algorithms/shm/) were measured on a 2-core
 // machine, the hierarchical and tree ones over loopback with chorus-bench.

@@ -29,8 +29,10 @@ struct CostParams {
 };
 
 // CHORUS_COST_MODEL: comma-separated key=value pairs overriding the defaults, keys
-// tcp_alpha_us, tcp_gbps, shm_alpha_us, shm_gbps, reduce_gbps. Throws ConfigError on an
-// unknown key or a value that is not a positive number.
+// tcp_alpha_us, tcp_gbps, shm_alpha_us, shm_gbps, reduce_gbps (positive numbers) and
+// the fields of the tuning table by name (whole_bytes=16384: whole numbers of bytes, at
+// least Tuning::kMinChunkBytes for the chunk sizes). Throws ConfigError on an unknown
+// key or a bad value.
 CostParams parse_cost_params(const std::string& text);
 
 struct Shape {
