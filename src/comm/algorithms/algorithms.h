@@ -49,29 +49,29 @@ void barrier_dissemination(const Context& ctx);
 // Applies the average on `count` elements when ctx.average is set.
 void finish_average(const Context& ctx, void* buf, size_t count);
 
-// ---- direct shared memory (shm_direct.cc): the ranks of `g` (one node) through its
-// segment; ranks are g's local ranks. `avg` divides by ctx.size (the whole
+// ---- direct shared memory (shm/, one file each): the ranks of `g` (one node) through
+// its segment; ranks are g's local ranks. `avg` divides by ctx.size (the whole
 // communicator's), so that a hierarchical algorithm can leave it to its last step.
 // Blocks of the *_blocks variants are block_begin/block_count(total, local size, r).
-void shm_allreduce(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+void shm_allreduce(const Context& ctx, transport::shm::NodeGroup& g, const void* in, void* out,
                    size_t count, bool avg);
-void shm_reduce(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+void shm_reduce(const Context& ctx, transport::shm::NodeGroup& g, const void* in, void* out,
                 size_t count, int root);
 // `send` is the root's data (the other ranks ignore it); it may be `buf`.
-void shm_broadcast(const Context& ctx, transport::shm::ShmGroup& g, const void* send, void* buf,
+void shm_broadcast(const Context& ctx, transport::shm::NodeGroup& g, const void* send, void* buf,
                    size_t count, int root);
-void shm_allgather_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
+void shm_allgather_blocks(const Context& ctx, transport::shm::NodeGroup& g, const void* in,
                           void* out, size_t total);
-void shm_reduce_scatter_blocks(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
+void shm_reduce_scatter_blocks(const Context& ctx, transport::shm::NodeGroup& g, const void* in,
                                void* out, size_t total, bool avg);
 // These five need g.cma() (the ranks read each other's buffers).
-void shm_allgatherv(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+void shm_allgatherv(const Context& ctx, transport::shm::NodeGroup& g, const void* in, void* out,
                     const std::vector<size_t>& counts, const std::vector<size_t>& displs);
-void shm_gather(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+void shm_gather(const Context& ctx, transport::shm::NodeGroup& g, const void* in, void* out,
                 size_t count, int root);
-void shm_scatter(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+void shm_scatter(const Context& ctx, transport::shm::NodeGroup& g, const void* in, void* out,
                  size_t count, int root);
-void shm_alltoall(const Context& ctx, transport::shm::ShmGroup& g, const void* in, void* out,
+void shm_alltoall(const Context& ctx, transport::shm::NodeGroup& g, const void* in, void* out,
                   size_t count);
 // alltoallv: every rank first reads what each peer will send it (announced[r], in
 // elements) and `verdict(announced)` says whether that disagrees with what it expects
@@ -79,11 +79,11 @@ void shm_alltoall(const Context& ctx, transport::shm::ShmGroup& g, const void* i
 // rank disagrees, no data moves and every rank returns that verdict; otherwise the data
 // moves and every rank returns INT32_MAX. `in` may be `out`.
 using CountsVerdict = std::function<int32_t(const std::vector<uint64_t>& announced)>;
-int32_t shm_alltoallv(const Context& ctx, transport::shm::ShmGroup& g, const void* in,
+int32_t shm_alltoallv(const Context& ctx, transport::shm::NodeGroup& g, const void* in,
                       const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
                       void* out, const std::vector<size_t>& recv_counts,
                       const std::vector<size_t>& recv_displs, const CountsVerdict& verdict);
-void shm_barrier(const Context& ctx, transport::shm::ShmGroup& g);
+void shm_barrier(const Context& ctx, transport::shm::NodeGroup& g);
 
 // ---- hierarchical (nodes of ctx.topology; hierarchical.cc): the contracts of the flat
 // allreduce, broadcast and allgather (allgather: out's block r of count elements = in

@@ -1,6 +1,7 @@
 // What every algorithm gets: the transport, the group, the element type and the
-// reduction, and scratch memory owned by the communicator. Algorithms are plain
-// functions over this context, one per file, and see no sockets.
+// reduction, scratch memory owned by the communicator, the node's shared-memory group
+// where there is one, and the measured thresholds. Algorithms are plain functions over
+// this context, one per file, and see no sockets.
 #pragma once
 
 #include <cstddef>
@@ -9,12 +10,10 @@
 
 #include "chorus/topology.h"
 #include "chorus/types.h"
+#include "comm/algorithms/tuning.h"
 #include "comm/reduce/reduce.h"
+#include "comm/transport/shm/node_group.h"
 #include "comm/transport/transport.h"
-
-namespace chorus::transport::shm {
-class ShmGroup;
-}
 
 namespace chorus::algorithms {
 
@@ -45,8 +44,9 @@ struct Context {
   size_t segment_bytes;  // pipelining unit of the ring and chain algorithms
   const Topology& topology;  // which ranks share a node
   ReduceOp op = ReduceOp::kSum;               // the reduction `reduce` implements
-  transport::shm::ShmGroup* shm = nullptr;    // this node's ranks in shared memory, or null
+  transport::shm::NodeGroup* node = nullptr;  // this node's ranks in shared memory, or null
   ReduceManyFn reduce_many = nullptr;  // `reduce` over many sources in one pass, or null
+  const Tuning& tuning = kDefaultTuning;  // the cost model's table (CostParams::tuning)
 };
 
 // Element ranges of `count` split into `parts` nearly equal blocks (the first

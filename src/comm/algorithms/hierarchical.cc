@@ -6,7 +6,7 @@
 // through a SubsetTransport: the ranks of one node ("intra"), or the ranks that have
 // the same local rank on every node ("cross"). The node phases are the functions
 // intra_*; they run the direct shared-memory algorithms where the node's ranks share a
-// segment (ctx.shm), else the ring over the node's ranks.
+// segment (ctx.node), else the ring over the node's ranks.
 //
 // Requires a uniform topology (every node holds the same number of ranks); on any
 // other shape these functions run the flat algorithm instead, so that they are correct
@@ -17,20 +17,12 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/ring_pipeline.h"
-#include "comm/transport/shm/shm_group.h"
 #include "comm/transport/subset_transport.h"
 
 namespace chorus::algorithms {
 namespace {
 
 using transport::SubsetTransport;
-
-// Message sizes at which the cross-node phases switch from latency- to
-// bandwidth-optimal algorithms: the thresholds measured over loopback before the cost
-// model (core/cost_model.h) chose flat algorithms; the phases do not consult it yet.
-constexpr size_t kAllreduceSmallBytes = 32 * 1024;
-constexpr size_t kAllreduceHalvingBytes = 1024 * 1024;  // 2 ranks only
-constexpr size_t kBroadcastSmallBytes = 64 * 1024;
 
 // Whether ctx.topology describes ctx's ranks (it may not for a sub-context, which
 // carries its parent's topology) in a shape the hierarchical algorithms handle.
@@ -44,11 +36,10 @@ bool hierarchical_shape(const Context& ctx) {
 // hierarchical algorithm divides once, by the size of the whole group. It has no
 // shared-memory group either: ctx's belongs to the node, not to the view.
 Context sub_context(const Context& ctx, transport::Transport& view) {
-  Context sub{view,       view.rank(), view.size(), ctx.dtype,         ctx.elem,
-              ctx.reduce, false,       ctx.scratch, ctx.segment_bytes, ctx.topology};
-  sub.op = ctx.op;
-  sub.shm = nullptr;
-  return sub;
+  return Context{.transport = view, .rank = view.rank(), .size = view.size(),
+                 .dtype = ctx.dtype, .elem = ctx.elem, .reduce = ctx.reduce, .average = false,
+                 .scratch = ctx.scratch, .segment_bytes = ctx.segment_bytes,
+                 .topology = ctx.topology, .op = ctx.op, .tuning = ctx.tuning};
 }
 
 // The ranks of this rank's node; ascending, so that view rank == local rank.
@@ -108,7 +99,8 @@ void reduce_scatter_blocks(const Context& sub, const void* in, void* out, size_t
 
 // Binomial tree for small messages, pipelined chain for large ones.
 void flat_broadcast(const Context& ctx, void* buf, size_t count, int root) {
-  if (count * ctx.elem <= kBroadcastSmallBytes) broadcast_binomial(ctx, buf, count, root);
+  const size_t small = ctx.tuning.hier_broadcast_small_bytes;
+  if (count * ctx.elem <= small) broadcast_binomial(ctx, buf, count, root);
   else broadcast_chain(ctx, buf, count, root);
 }
 
@@ -118,9 +110,9 @@ void flat_broadcast(const Context& ctx, void* buf, size_t count, int root) {
 // The node's ranks reduce `in` (count elements); block `local_rank` of
 // Blocks(count, local_size) of the result lands at its offset in `out`. in may be out.
 void intra_reduce_scatter(const Context& ctx, const void* in, void* out, size_t count) {
-  if (ctx.shm != nullptr) {
-    const size_t at = block_begin(count, ctx.shm->local_size(), ctx.shm->local_rank());
-    return shm_reduce_scatter_blocks(ctx, *ctx.shm, in, static_cast<uint8_t*>(out) + at * ctx.elem,
+  if (ctx.node != nullptr) {
+    const size_t at = block_begin(count, ctx.node->local_size(), ctx.node->local_rank());
+    return shm_reduce_scatter_blocks(ctx, *ctx.node, in, static_cast<uint8_t*>(out) + at * ctx.elem,
                                      count, false);
   }
   SubsetTransport node(ctx.transport, node_members(ctx));
@@ -131,7 +123,7 @@ void intra_reduce_scatter(const Context& ctx, const void* in, void* out, size_t 
 // (block i) lands at block i's offset in `out` on every rank of the node. in may be
 // out's own block.
 void intra_allgather(const Context& ctx, const void* in, void* out, size_t total) {
-  if (ctx.shm != nullptr) return shm_allgather_blocks(ctx, *ctx.shm, in, out, total);
+  if (ctx.node != nullptr) return shm_allgather_blocks(ctx, *ctx.node, in, out, total);
   SubsetTransport node(ctx.transport, node_members(ctx));
   const Blocks blocks(total, node.size());
   allgatherv_ring(sub_context(ctx, node), in, out, blocks.counts, blocks.displs);
@@ -139,7 +131,7 @@ void intra_allgather(const Context& ctx, const void* in, void* out, size_t total
 
 // Broadcast among the node's ranks from local rank `root_local`.
 void intra_broadcast(const Context& ctx, void* buf, size_t count, int root_local) {
-  if (ctx.shm != nullptr) return shm_broadcast(ctx, *ctx.shm, buf, buf, count, root_local);
+  if (ctx.node != nullptr) return shm_broadcast(ctx, *ctx.node, buf, buf, count, root_local);
   SubsetTransport node(ctx.transport, node_members(ctx));
   flat_broadcast(sub_context(ctx, node), buf, count, root_local);
 }
@@ -151,9 +143,9 @@ void cross_allreduce(const Context& ctx, void* buf, size_t count) {
   SubsetTransport cross(ctx.transport, cross_members(ctx.topology, ctx.topology.local_rank));
   Context sub = sub_context(ctx, cross);
   const size_t bytes = count * ctx.elem;
-  if (bytes <= kAllreduceSmallBytes || sub.size == 1) {
+  if (bytes <= ctx.tuning.hier_allreduce_small_bytes || sub.size == 1) {
     allreduce_recursive_doubling(sub, buf, buf, count);
-  } else if (sub.size == 2 && bytes <= kAllreduceHalvingBytes) {
+  } else if (sub.size == 2 && bytes <= ctx.tuning.hier_allreduce_halving_bytes) {
     allreduce_halving_doubling(sub, buf, buf, count);
   } else {
     allreduce_ring(sub, buf, buf, count);

@@ -71,7 +71,7 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
       case Algorithm::kHierarchical:
         return alg::allreduce_hierarchical(ctx, send, recv, count);
       case Algorithm::kShmDirect:
-        return alg::shm_allreduce(ctx, *ctx.shm, send, recv, count, ctx.average);
+        return alg::shm_allreduce(ctx, *ctx.node, send, recv, count, ctx.average);
       default: return alg::allreduce_recursive_doubling(ctx, send, recv, count);
     }
   });
@@ -89,7 +89,7 @@ Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, Dat
     // Shared memory reads the root's `send` itself and copies it to `recv` while the
     // other ranks take their copies.
     if (algo == Algorithm::kShmDirect) {
-      return alg::shm_broadcast(ctx, *ctx.shm, send, recv, count, root);
+      return alg::shm_broadcast(ctx, *ctx.node, send, recv, count, root);
     }
     if (ctx.rank == root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
     if (algo == Algorithm::kHierarchical) alg::broadcast_hierarchical(ctx, recv, count, root);
@@ -108,7 +108,7 @@ Work CommunicatorImpl::reduce(const void* send, void* recv, size_t count, DataTy
   check_op(v, op);
   Algorithm algo = algorithm_for(Collective::kReduce, bytes);
   return enqueue(shaped(reducing(Collective::kReduce, dtype, op), count, root), [=](const Context& ctx) {
-    if (algo == Algorithm::kShmDirect) alg::shm_reduce(ctx, *ctx.shm, send, recv, count, root);
+    if (algo == Algorithm::kShmDirect) alg::shm_reduce(ctx, *ctx.node, send, recv, count, root);
     else if (algo == Algorithm::kRing) alg::reduce_ring(ctx, send, recv, count, root);
     else alg::reduce_binomial(ctx, send, recv, count, root);
   });
@@ -123,7 +123,7 @@ Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, Dat
   return enqueue(shaped(spec(Collective::kAllgather, dtype), count), [=, this](const Context& ctx) {
     if (algo == Algorithm::kHierarchical) return alg::allgather_hierarchical(ctx, send, recv, count);
     if (algo == Algorithm::kShmDirect) {
-      return alg::shm_allgather_blocks(ctx, *ctx.shm, send, recv, count * size_);
+      return alg::shm_allgather_blocks(ctx, *ctx.node, send, recv, count * size_);
     }
     std::vector<size_t> counts(size_, count), displs(size_);
     for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
@@ -153,7 +153,7 @@ Work CommunicatorImpl::allgatherv(const void* send, size_t send_count, void* rec
   s.agreed_count = transport::counts_digest(recv_counts.data(), recv_counts.size());
   return enqueue(s, [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) {
-      return alg::shm_allgatherv(ctx, *ctx.shm, send, recv, counts, offsets);
+      return alg::shm_allgatherv(ctx, *ctx.node, send, recv, counts, offsets);
     }
     alg::allgatherv_ring(ctx, send, recv, counts, offsets);
   });
@@ -170,7 +170,7 @@ Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_
   Algorithm algo = algorithm_for(Collective::kReduceScatter, total_bytes);
   return enqueue(shaped(reducing(Collective::kReduceScatter, dtype, op), recv_count), [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) {
-      return alg::shm_reduce_scatter_blocks(ctx, *ctx.shm, send, recv, total, ctx.average);
+      return alg::shm_reduce_scatter_blocks(ctx, *ctx.node, send, recv, total, ctx.average);
     }
     alg::reduce_scatter_ring(ctx, send, recv, recv_count);
   });
@@ -185,7 +185,7 @@ Work CommunicatorImpl::gather(const void* send, void* recv, size_t count, DataTy
   if (rank_ == root) v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for(Collective::kGather, count * dtype_size(dtype));
   return enqueue(shaped(spec(Collective::kGather, dtype), count, root), [=](const Context& ctx) {
-    if (algo == Algorithm::kShmDirect) return alg::shm_gather(ctx, *ctx.shm, send, recv, count, root);
+    if (algo == Algorithm::kShmDirect) return alg::shm_gather(ctx, *ctx.node, send, recv, count, root);
     alg::gather_direct(ctx, send, recv, count, root);
   });
 }
@@ -199,7 +199,7 @@ Work CommunicatorImpl::scatter(const void* send, void* recv, size_t count, DataT
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for(Collective::kScatter, count * dtype_size(dtype));
   return enqueue(shaped(spec(Collective::kScatter, dtype), count, root), [=](const Context& ctx) {
-    if (algo == Algorithm::kShmDirect) return alg::shm_scatter(ctx, *ctx.shm, send, recv, count, root);
+    if (algo == Algorithm::kShmDirect) return alg::shm_scatter(ctx, *ctx.node, send, recv, count, root);
     alg::scatter_direct(ctx, send, recv, count, root);
   });
 }
@@ -211,7 +211,7 @@ Work CommunicatorImpl::alltoall(const void* send, void* recv, size_t count, Data
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for(Collective::kAlltoall, total_bytes);
   return enqueue(shaped(spec(Collective::kAlltoall, dtype), count), [=, this](const Context& ctx) {
-    if (algo == Algorithm::kShmDirect) return alg::shm_alltoall(ctx, *ctx.shm, send, recv, count);
+    if (algo == Algorithm::kShmDirect) return alg::shm_alltoall(ctx, *ctx.node, send, recv, count);
     std::vector<size_t> counts(size_, count), displs(size_);
     for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
     const void* src = send;
@@ -268,7 +268,7 @@ Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_
           "); no data was sent");
     };
     if (algo == Algorithm::kShmDirect) {
-      int32_t first_bad = alg::shm_alltoallv(ctx, *ctx.shm, send, sc, sd, recv, rc, rd, verdict);
+      int32_t first_bad = alg::shm_alltoallv(ctx, *ctx.node, send, sc, sd, recv, rc, rd, verdict);
       if (first_bad != INT32_MAX) fail(first_bad);
       return;
     }
@@ -300,7 +300,7 @@ Work CommunicatorImpl::alltoallv(const void* send, std::span<const size_t> send_
 Work CommunicatorImpl::barrier() {
   Algorithm algo = algorithm_for(Collective::kBarrier, 0);
   return enqueue(spec(Collective::kBarrier, DataType::kUInt8), [algo](const Context& ctx) {
-    if (algo == Algorithm::kShmDirect) return alg::shm_barrier(ctx, *ctx.shm);
+    if (algo == Algorithm::kShmDirect) return alg::shm_barrier(ctx, *ctx.node);
     alg::barrier_dissemination(ctx);
   });
 }

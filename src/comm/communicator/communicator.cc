@@ -202,8 +202,10 @@ void CommunicatorImpl::run(Op& op) {
                           options_.segment_bytes,
                           topology_,
                           op.spec.op,
-                          shm_.get()};
-  if (op.spec.reduces) ctx.reduce_many = reduce_many_function(op.spec.dtype, op.spec.op);
+                          shm_.get(),
+                          op.spec.reduces ? reduce_many_function(op.spec.dtype, op.spec.op)
+                                          : nullptr,
+                          cost_.tuning};
   if (recorder_.enabled()) recorder_.running(op.trace_slot);
   try {
     if (options_.check_consistency && !is_p2p(op.spec.what) && size_ > 1) check_consistency(op);

@@ -1,8 +1,10 @@
 #include "comm/communicator/cost_model.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 #include <sstream>
 
@@ -62,14 +64,19 @@ double best_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams&
 
 double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
 
-// Direct shared memory: copy in; small chunks every rank reduces whole. Two ranks reduce
-// every chunk whole too (512 KiB chunks, one phase each); more share larger chunks out
-// in pieces (256 KiB chunks, a phase and a wait for the pieces each, a rank's share of
-// the reduction about n) and copy the result out.
+// Direct shared memory: copy in; small chunks (Tuning::whole_bytes) every rank reduces
+// whole. Two ranks reduce every chunk whole too (whole_chunk_bytes chunks, one phase
+// each); more share larger chunks out in pieces (shared_chunk_bytes chunks, a phase and
+// a wait for the pieces each, a rank's share of the reduction about n) and copy the
+// result out.
 double shm_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
-  if (n <= 8 * 1024) return p.shm_alpha_us + shm_copy_us(p, n) + reduce_us(p, (ranks - 1) * n);
+  const algorithms::Tuning& t = p.tuning;
+  if (n <= static_cast<double>(t.whole_bytes)) {
+    return p.shm_alpha_us + shm_copy_us(p, n) + reduce_us(p, (ranks - 1) * n);
+  }
   const bool pair = ranks == 2;
-  const double chunk = std::min(static_cast<double>(s.shm_chunk), pair ? 512.0 * 1024 : 256.0 * 1024);
+  const double chunk = static_cast<double>(
+      std::min(s.shm_chunk, pair ? t.whole_chunk_bytes : t.shared_chunk_bytes));
   const double waits = (pair ? 1 : 2) * std::max(1.0, std::ceil(n / chunk));
   return waits * p.shm_alpha_us + shm_copy_us(p, pair ? n : 2 * n) + reduce_us(p, n);
 }
@@ -109,6 +116,62 @@ double tcp_allgather(int ranks, double n, const CostParams& p) {
   return (ranks - 1) * l.alpha_us + static_cast<double>(ranks - 1) / ranks * n * l.us_per_byte;
 }
 
+// The thresholds of the tuning table that CHORUS_COST_MODEL sets by name, each with
+// the least value it takes.
+struct TuningKey {
+  const char* name;
+  size_t algorithms::Tuning::*field;
+  size_t min;
+};
+
+constexpr size_t kMinChunk = algorithms::Tuning::kMinChunkBytes;
+constexpr TuningKey kTuningKeys[] = {
+    {"whole_bytes", &algorithms::Tuning::whole_bytes, 0},
+    {"whole_oversubscribed_bytes", &algorithms::Tuning::whole_oversubscribed_bytes, 0},
+    {"whole_crowded_bytes", &algorithms::Tuning::whole_crowded_bytes, 0},
+    {"shared_chunk_bytes", &algorithms::Tuning::shared_chunk_bytes, kMinChunk},
+    {"whole_chunk_bytes", &algorithms::Tuning::whole_chunk_bytes, kMinChunk},
+    {"stream_bytes", &algorithms::Tuning::stream_bytes, 0},
+    {"shared_piece_bytes", &algorithms::Tuning::shared_piece_bytes, 1},
+    {"many_max_bytes", &algorithms::Tuning::many_max_bytes, 0},
+    {"cma_broadcast_min_bytes", &algorithms::Tuning::cma_broadcast_min_bytes, 0},
+    {"cma_allgather_min_bytes", &algorithms::Tuning::cma_allgather_min_bytes, 0},
+    {"cma_reduce_scatter_min_bytes", &algorithms::Tuning::cma_reduce_scatter_min_bytes, 0},
+    {"cma_reduce_min_bytes", &algorithms::Tuning::cma_reduce_min_bytes, 0},
+    {"cma_reduce_max_bytes", &algorithms::Tuning::cma_reduce_max_bytes, 0},
+    {"cma_piece_bytes", &algorithms::Tuning::cma_piece_bytes, 1},
+    {"alltoallv_segment_bytes", &algorithms::Tuning::alltoallv_segment_bytes, 0},
+    {"hier_allreduce_small_bytes", &algorithms::Tuning::hier_allreduce_small_bytes, 0},
+    {"hier_allreduce_halving_bytes", &algorithms::Tuning::hier_allreduce_halving_bytes, 0},
+    {"hier_broadcast_small_bytes", &algorithms::Tuning::hier_broadcast_small_bytes, 0},
+    {"tree_limit_bytes", &algorithms::Tuning::tree_limit_bytes, 0},
+};
+
+static_assert(std::size(kTuningKeys) * sizeof(size_t) == sizeof(algorithms::Tuning),
+              "every field of the tuning table has its key");
+
+const TuningKey* tuning_key(const std::string& name) {
+  for (const TuningKey& k : kTuningKeys) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+// `value` of `item` as a whole number of bytes, at least `min`.
+size_t parse_bytes(const std::string& item, const std::string& value, size_t min) {
+  errno = 0;
+  const unsigned long long v = std::strtoull(value.c_str(), nullptr, 10);
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos ||
+      errno == ERANGE || v > std::numeric_limits<size_t>::max()) {
+    throw ConfigError("CHORUS_COST_MODEL: '" + item + "' needs a whole number of bytes after '='");
+  }
+  if (v < min) {
+    throw ConfigError("CHORUS_COST_MODEL: '" + item + "' is below the least value, " +
+                      std::to_string(min) + " bytes");
+  }
+  return static_cast<size_t>(v);
+}
+
 }  // namespace
 
 CostParams parse_cost_params(const std::string& text) {
@@ -120,6 +183,10 @@ CostParams parse_cost_params(const std::string& text) {
     size_t eq = item.find('=');
     std::string key = item.substr(0, eq);
     std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (const TuningKey* k = tuning_key(key)) {
+      p.tuning.*k->field = parse_bytes(item, value, k->min);
+      continue;
+    }
     char* end = nullptr;
     double v = std::strtod(value.c_str(), &end);
     if (value.empty() || *end != '\0' || !(v > 0) || !std::isfinite(v)) {
@@ -131,8 +198,11 @@ CostParams parse_cost_params(const std::string& text) {
     else if (key == "shm_gbps") p.shm_gbps = v;
     else if (key == "reduce_gbps") p.reduce_gbps = v;
     else {
+      std::string tuning;
+      for (const TuningKey& k : kTuningKeys) tuning += std::string(", ") + k.name;
       throw ConfigError("CHORUS_COST_MODEL: unknown parameter '" + key +
-                        "' (tcp_alpha_us, tcp_gbps, shm_alpha_us, shm_gbps, reduce_gbps)");
+                        "' (tcp_alpha_us, tcp_gbps, shm_alpha_us, shm_gbps, reduce_gbps" +
+                        tuning + ")");
     }
   }
   return p;

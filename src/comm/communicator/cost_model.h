@@ -2,8 +2,10 @@
 // message or per shared-memory phase) plus bytes over bandwidth (per transport), plus
 // the bytes it reduces over the reduction speed, for the communicator's shape. The
 // parameters default to what chorus-bench measured on a 2-core VM over loopback and
-// /dev/shm; CHORUS_COST_MODEL sets them for other machines. CHORUS_ALGO and
-// CHORUS_TRANSPORT override the choice (communicator.cc).
+// /dev/shm; CHORUS_COST_MODEL sets them for other machines. The model also owns the
+// table of every measured threshold (algorithms/tuning.h), which selection and the
+// algorithms read. CHORUS_ALGO and CHORUS_TRANSPORT override the choice
+// (communicator.cc).
 #pragma once
 
 #include <cstddef>
@@ -11,6 +13,7 @@
 #include <string>
 
 #include "chorus/communicator.h"
+#include "comm/algorithms/tuning.h"
 
 namespace chorus::internal {
 
@@ -20,11 +23,16 @@ struct CostParams {
   double shm_alpha_us = 1.5;   // one shared-memory phase (arrive + wait)
   double shm_gbps = 8.0;       // memcpy into or out of the segment, GB/s
   double reduce_gbps = 8.0;    // reduction of two streams into a third, GB/s of output
+  // Every measured threshold: where the algorithms change path, chunk and piece sizes.
+  // Selection and the algorithms (through Context::tuning) read them from here.
+  algorithms::Tuning tuning;
 };
 
 // CHORUS_COST_MODEL: comma-separated key=value pairs overriding the defaults, keys
-// tcp_alpha_us, tcp_gbps, shm_alpha_us, shm_gbps, reduce_gbps. Throws ConfigError on an
-// unknown key or a value that is not a positive number.
+// tcp_alpha_us, tcp_gbps, shm_alpha_us, shm_gbps, reduce_gbps (positive numbers) and
+// the fields of the tuning table by name (whole_bytes=16384: whole numbers of bytes, at
+// least Tuning::kMinChunkBytes for the chunk sizes). Throws ConfigError on an unknown
+// key or a bad value.
 CostParams parse_cost_params(const std::string& text);
 
 struct Shape {
@@ -36,11 +44,6 @@ struct Shape {
   size_t shm_chunk = 256 * 1024;  // bytes per shared-memory buffer
   size_t segment_bytes = kDefaultSegmentBytes;  // pipelining unit of the tcp rings and chains
 };
-
-// Measured cut-offs the choice uses where no cost formula is written (chorus-bench, 2-8
-// ranks over loopback): broadcast and reduce over tcp take the binomial tree up to this
-// many bytes and the pipelined chain beyond, where bandwidth dominates.
-inline constexpr size_t kTreeLimitBytes = 64 * 1024;
 
 // Predicted microseconds of `collective` (allreduce, broadcast, allgather) on
 // `bytes` (for allgather: the whole result) with `algorithm`.

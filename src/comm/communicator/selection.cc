@@ -59,7 +59,8 @@ Algorithm CommunicatorImpl::algorithm_for(Collective c, size_t bytes) const {
     if (forced != Algorithm::kAuto) return Algorithm::kRecursiveDoubling;  // binomial tree
     // Binomial tree while latency dominates, pipelined chain beyond (chorus-bench,
     // 2-8 ranks over loopback).
-    return bytes <= kTreeLimitBytes ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+    const size_t tree_limit = cost_.tuning.tree_limit_bytes;
+    return bytes <= tree_limit ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
   }
   if (c == Collective::kReduceScatter || c == Collective::kBarrier) {
     if (forced == Algorithm::kShmDirect || shm) return Algorithm::kShmDirect;

@@ -64,6 +64,39 @@ TEST(CostModel, ParsesParametersAndRejectsBadOnes) {
   }
 }
 
+// The measured thresholds (algorithms/tuning.h) are keys too, by their names: whole
+// numbers of bytes, the chunk sizes at least Tuning::kMinChunkBytes. Selection reads
+// them from the communicator's own table.
+TEST(CostModel, SetsTheThresholdsOfTheTuningTableByName) {
+  CostParams p = parse_cost_params("whole_bytes=16384,tcp_gbps=5,tree_limit_bytes=0");
+  EXPECT_EQ(p.tuning.whole_bytes, 16384u);
+  EXPECT_EQ(p.tuning.tree_limit_bytes, 0u);
+  EXPECT_EQ(p.tcp_gbps, 5);
+  EXPECT_EQ(p.tuning.whole_chunk_bytes, algorithms::kDefaultTuning.whole_chunk_bytes);
+  EXPECT_EQ(parse_cost_params("whole_chunk_bytes=64").tuning.whole_chunk_bytes, 64u);
+  for (const char* bad : {"whole_bytes", "whole_bytes=", "whole_bytes=-1", "whole_bytes=1.5",
+                          "whole_bytes=8K", "whole_bytes= 8", "whole_bytes=99999999999999999999999",
+                          "whole_chunk_bytes=63", "shared_piece_bytes=0", "whole_byte=8"}) {
+    EXPECT_THROW(parse_cost_params(bad), ConfigError) << bad;
+  }
+  try {
+    parse_cost_params("shared_chunk_bytes=8");
+    ADD_FAILURE() << "a chunk of 8 bytes was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'shared_chunk_bytes=8' is below the least value, 64 bytes"),
+              std::string::npos) << e.what();
+  }
+
+  CommOptions options;
+  EXPECT_EQ(Communicator::create(std::make_shared<InMemoryStore>(), 0, 1, options)
+                ->algorithm_for("broadcast", 8),
+            Algorithm::kRecursiveDoubling);  // binomial tree
+  options.cost_model = "tree_limit_bytes=0";
+  EXPECT_EQ(Communicator::create(std::make_shared<InMemoryStore>(), 0, 1, options)
+                ->algorithm_for("broadcast", 8),
+            Algorithm::kRing);  // chain
+}
+
 TEST(CostModel, LatencyAlgorithmsForSmallBandwidthAlgorithmsForLarge) {
   CostParams p;
   for (int size : {2, 3, 4, 8}) {

@@ -549,6 +549,63 @@ TEST(Shm, CrossMemoryAttachBroadcastsAndAllgathersExactly) {
   unsetenv("CHORUS_SHM_CMA");
 }
 
+// The measured thresholds (algorithms/tuning.h) come from the communicator's cost
+// model, and the direct algorithms stay exact at the table's extremes: chunks of 64
+// bytes, no chunk reduced whole, one-byte pieces (one element) of the shared reduction,
+// streaming stores at every size, and cross-memory attach from the first byte, for 2
+// and 3 ranks (3 only with CHORUS_SHM_CMA=all), sums of int64 checked exactly.
+TEST(Shm, TheAlgorithmsStayExactAtTheTuningTablesExtremes) {
+  CommOptions options = test::test_options();
+  options.shm_cma = CommOptions::CrossMemoryAttach::kAnyNode;
+  options.cost_model =
+      "whole_chunk_bytes=64,shared_chunk_bytes=64,whole_bytes=0,whole_oversubscribed_bytes=0,"
+      "whole_crowded_bytes=0,stream_bytes=0,shared_piece_bytes=1,many_max_bytes=0,"
+      "cma_broadcast_min_bytes=0,cma_allgather_min_bytes=0,cma_reduce_scatter_min_bytes=0,"
+      "cma_reduce_min_bytes=0,cma_reduce_max_bytes=1000000000,cma_piece_bytes=24";
+  auto value = [](size_t i, int r) { return static_cast<int64_t>(i * 2654435761u) + 7919 * r; };
+  for (int size : {2, 3}) {
+    SCOPED_TRACE("ranks: " + std::to_string(size));
+    run_ranks(size, options, [](int) { return ""; }, [&](Communicator& c) {
+      const int me = c.rank(), p = c.size();
+      ASSERT_EQ(c.algorithm_for("allreduce", 8), Algorithm::kShmDirect);
+      for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{5001}}) {
+        std::vector<int64_t> in(n * p), out(n * p, -1);
+        for (size_t i = 0; i < n * p; ++i) in[i] = value(i, me);
+        auto sum = [&](size_t i) {
+          int64_t s = 0;
+          for (int r = 0; r < p; ++r) s += value(i, r);
+          return s;
+        };
+        c.allreduce(in.data(), out.data(), n, DataType::kInt64, ReduceOp::kSum).wait();
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], sum(i)) << "allreduce of " << n << ", " << i;
+        const int root = static_cast<int>(n % p);
+        std::fill(out.begin(), out.end(), -1);
+        c.reduce(in.data(), out.data(), n, DataType::kInt64, ReduceOp::kSum, root).wait();
+        for (size_t i = 0; me == root && i < n; ++i) {
+          ASSERT_EQ(out[i], sum(i)) << "reduce of " << n << ", " << i;
+        }
+        std::fill(out.begin(), out.end(), -1);
+        c.reduce_scatter(in.data(), out.data(), n, DataType::kInt64, ReduceOp::kSum).wait();
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(out[i], sum(me * n + i)) << "reduce_scatter of " << n << ", " << i;
+        }
+        std::fill(out.begin(), out.end(), -1);
+        c.broadcast(in.data(), out.data(), n, DataType::kInt64, root).wait();
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(out[i], value(i, root)) << "broadcast of " << n << ", " << i;
+        }
+        std::fill(out.begin(), out.end(), -1);
+        c.allgather(in.data(), out.data(), n, DataType::kInt64).wait();
+        for (int r = 0; r < p; ++r) {
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(out[r * n + i], value(i, r)) << "allgather of " << n << ", " << r << ", " << i;
+          }
+        }
+      }
+    });
+  }
+}
+
 // Gather, scatter, alltoall, alltoallv and allgatherv read each other's buffers where
 // cross-memory attach is on (here for 3 ranks through CHORUS_SHM_CMA=all; with 2 the
 // collective sweep covers them) and run their tcp algorithms where it is off: both give every block exactly,

@@ -2,7 +2,8 @@
 //
 // Every local rank owns two buffers in the segment (used alternately, so that one
 // chunk can be filled while the previous one is still being read) and a control block
-// with its arrival counter. Direct algorithms (algorithms/shm_direct.cc) move data
+// with its arrival counter. Direct algorithms (algorithms/shm/, through the NodeGroup
+// interface of node_group.h, which this class implements) move data
 // through the buffers and synchronise in phases: arrive() publishes "I reached the
 // next phase", wait_all() returns once every local rank has. Every rank runs the same
 // sequence of phases, so the counters need no reset.
@@ -50,6 +51,7 @@
 #include <vector>
 
 #include "chorus/store.h"
+#include "comm/transport/shm/node_group.h"
 #include "comm/transport/shm/segment.h"
 #include "comm/transport/transport.h"
 
@@ -81,7 +83,7 @@ struct GroupConfig {
   bool cma_any_size = false;
 };
 
-class ShmGroup {
+class ShmGroup final : public NodeGroup {
  public:
   static constexpr std::chrono::milliseconds kLivenessPeriod{50};
 
@@ -92,52 +94,35 @@ class ShmGroup {
   // is unlinked once all have mapped it.
   static std::unique_ptr<ShmGroup> connect(Store& store, const GroupConfig& config,
                                            std::string& why_not);
-  ~ShmGroup();
+  ~ShmGroup() override;
 
-  int local_rank() const { return local_rank_; }
-  int local_size() const { return local_size_; }
+  // NodeGroup: what the direct algorithms call (node_group.h says what each does).
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  size_t buffer_bytes() const override { return config_.buffer_bytes; }
+  uint8_t* buffer(int i, int which) const override;
+  int next_buffer() override { return (buffer_turn_++) & 1; }
+  void expect(uint8_t step) override;  // the descriptor of begin()'s operation
+  void arrive() override;
+  void wait_all() override;
+  void begin_work(uint64_t pieces) override;  // shared work (see above)
+  int64_t take_piece() override;
+  void finish_piece() override;
+  void wait_work() override;
+  bool cma() const override { return cma_; }
+  // More local ranks than cores: waits then yield, not spin.
+  bool oversubscribed() const override { return oversubscribed_; }
+  bool crowded() const override { return crowded_; }
+  void publish_buffers(const void* in, void* out) override;
+  uint64_t peer_in(int i) const override;
+  void read_peer(int i, uint64_t from, void* to, size_t bytes) override;
+
   // Communicator rank of local rank `i`.
   int member(int i) const { return config_.members[i]; }
-  size_t buffer_bytes() const { return config_.buffer_bytes; }
-  // Buffer `which` (0 or 1) of local rank `i`.
-  uint8_t* buffer(int i, int which) const;
-  // The buffer the next chunk uses: alternates over every chunk of every operation.
-  int next_buffer() { return (buffer_turn_++) & 1; }
-
   // Sets the operation reported in errors; called before every operation.
   void begin(const OpInfo& op);
-  // Publishes the descriptor of the current operation (begin()) running `step`
-  // (wire_code()) with the next arrival, to be compared at the next wait_all().
-  void expect(uint8_t step);
-
-  void arrive();
-  void wait_all();
-
-  // Shared work (see above). Every rank calls begin_work(pieces) with the same count, in
-  // the same order, after a phase that all ranks passed and before any rank's next
-  // arrival. take_piece() returns the index of a piece nobody else got, or -1 when none
-  // is left; finish_piece() publishes the piece's results; wait_work() returns once
-  // every piece of the round is finished (their results visible).
-  void begin_work(uint64_t pieces);
-  int64_t take_piece();
-  void finish_piece();
-  void wait_work();
-
-  // Whether every local rank can read every other's memory (cross-memory attach).
-  bool cma() const { return cma_; }
-  // Whether the node has more local ranks than cores (waits then yield, not spin).
-  bool oversubscribed() const { return oversubscribed_; }
-  // Whether the node has more than two local ranks per core.
-  bool crowded() const { return crowded_; }
-  // Publishes this rank's input and output of the current operation; visible to the
-  // peers after the next arrive().
-  void publish_buffers(const void* in, void* out);
-  // Address of local rank i's published input or output.
-  uint64_t peer_in(int i) const;
+  // Address of local rank i's published output.
   uint64_t peer_out(int i) const;
-  // Copies `bytes` from address `from` in local rank i's memory to `to`. A peer that
-  // died or cannot be read becomes PeerError naming the operation and both ranks.
-  void read_peer(int i, uint64_t from, void* to, size_t bytes);
 
   // Local index of communicator rank `rank`, or -1 when it is on another node.
   int local_of(int rank) const;

@@ -1,0 +1,118 @@
+// Every measured threshold of the algorithms, in one table: the sizes at which an
+// algorithm changes its path, its chunks and its pieces. The defaults are what was
+// measured (each with its measurement); the cost model owns the table
+// (communicator/cost_model.h: CostParams::tuning, which CHORUS_COST_MODEL may change
+// key by key, the keys being the field names), selection reads its cut-offs from it,
+// and every algorithm reads it through Context::tuning.
+//
+// The direct shared-memory thresholds (algorithms/shm/) were measured on a 2-core
+// machine, the hierarchical and tree ones over loopback with chorus-bench.
+#pragma once
+
+#include <cstddef>
+
+namespace chorus::algorithms {
+
+struct Tuning {
+  // ---- direct shared memory, allreduce (algorithms/shm/allreduce.cc)
+
+  // Allreduce chunks of up to this many bytes, in groups of more than two, are reduced
+  // whole by every rank instead of shared out: no wait for the pieces, no copy out of the
+  // result. With more ranks than cores (whole_oversubscribed_bytes) the ranks that wait
+  // for a core cost a switch each anyway. Measured with 4 ranks on 2 cores (bound to
+  // them), whole against shared: 8 KiB 9.3 against 11.7-12.0 us, 16 KiB 11.3 against
+  // 12.8-13.4 us, 32 KiB 14.9 against 16.3-16.7 us, 64 KiB 23.0 against 19.9-20.8 us
+  // (slower).
+  size_t whole_bytes = 8 * 1024;
+  size_t whole_oversubscribed_bytes = 32 * 1024;
+  // With more than two ranks per core (NodeGroup::crowded()) the shared reduction was
+  // slower than slices, from 64 KiB to 256 KiB in one chunk (8 ranks on 2 cores: 64 KiB
+  // 124 -> 151 us, 128 KiB 145 -> 290 us, 256 KiB 211 -> 457 us; 6 ranks: 256 KiB 148 ->
+  // 259 us), and faster only from 512 KiB (8 ranks: 1 MiB 621 -> 575 us). Such groups
+  // keep the sliced path, in buffer-sized chunks, with chunks of up to 64 KiB reduced
+  // whole (8 ranks, 64 KiB: 124 us whole).
+  size_t whole_crowded_bytes = 64 * 1024;
+  // Chunks of a shared reduction: the 4 ranks' copies of a 256 KiB chunk (1 MiB) stay in
+  // the caches of 2 cores until the pieces are reduced; of a 1 MiB chunk they did not
+  // (4 ranks on 2 cores: 1 MiB 267 us in 256 KiB chunks, 433 us in 1 MiB chunks; 4 MiB
+  // 1107 against 1736 us). At least kMinChunkBytes.
+  size_t shared_chunk_bytes = 256 * 1024;
+  // Two ranks reduce every chunk whole, whatever its size, in chunks of this many bytes.
+  // Each rank reads its peer's whole chunk once, as it would read half the chunk and half
+  // the result with slices, but with one phase per chunk instead of two and no writes to
+  // lines the peer has just read. Measured against the sliced path (with cross-memory
+  // attach from 256 KiB to 32 MiB), 2 ranks on this 2-core machine: 64 KiB 18.7 ->
+  // 14.8-15.4 us, 1 MiB 168 -> 109-122 us, 16 MiB 3277 -> 2508-2605 us, 256 MiB 49.8 ->
+  // 41.2 ms (512 KiB chunks; 256 KiB: 51.2 ms, 1 MiB: 77.9 ms, when the chunk no longer
+  // stays in the cache between the copy and the peer's read). At least kMinChunkBytes.
+  size_t whole_chunk_bytes = 512 * 1024;
+  // Results of at least this many bytes are written around the caches (streaming
+  // stores): they would not fit anyway, and a normal store first reads every line it
+  // writes, a third more memory traffic.
+  size_t stream_bytes = 64 * 1024 * 1024;
+  // A piece of a shared reduction: small enough that the ranks that run share a chunk
+  // out evenly, large enough that taking it costs little against reducing it (16 KiB
+  // pieces measured the same as 32 KiB ones, within noise, from 64 KiB to 4 MiB).
+  size_t shared_piece_bytes = 32 * 1024;
+  // Reductions of up to this many bytes read all sources in one pass (ReduceManyFn);
+  // larger ones one source after another, which was faster from 256 KiB up (4 sources,
+  // f32, two of them written by the other core: 64 KiB 6.8 -> 5.4-5.5 us in one pass,
+  // 256 KiB 22.6 against 24.4 us, 1 MiB 109 against 115 us).
+  size_t many_max_bytes = 64 * 1024;
+
+  // ---- direct shared memory through cross-memory attach (NodeGroup::cma())
+
+  // Broadcasts, allgathers (by their result) and reduce-scatters (by their input) from
+  // these sizes up read the root's or the peers' buffers with cross-memory attach when it
+  // is available, at any size: one copy, through the kernel, against two through the
+  // segment, the root's and then the others'. Measured on 2 ranks (f32, out of place):
+  // broadcast 256 KiB 25.6 -> 14.9 us, 4 MiB 643 -> 396 us, 256 MiB 68-74 -> 64-66 ms;
+  // allgather 256 KiB 27 -> 15 us, 4 MiB 525-548 -> 359-391 us, 256 MiB 48-59 -> 45-46
+  // ms; reduce-scatter 256 KiB 28.9 -> 14.0 us, 4 MiB 631 -> 405 us, 64 MiB 16.8 -> 13.9
+  // ms. Below, the system call costs more than the copy it saves.
+  size_t cma_broadcast_min_bytes = 64 * 1024;
+  size_t cma_allgather_min_bytes = 32 * 1024;
+  size_t cma_reduce_scatter_min_bytes = 32 * 1024;
+  // A reduce through cross-memory attach leaves all the work to the root: it pays from
+  // 8 KiB (64 KiB: 13.2 -> 7.4-7.8 us, 512 KiB: 88 -> 64 us) but not from 1 MiB on, where
+  // the segment path's sharing of the reductions wins (1 MiB: 195 against 217 us, 4 MiB:
+  // 714 against 807 us, 256 MiB: 65 against 106 ms).
+  size_t cma_reduce_min_bytes = 8 * 1024;
+  size_t cma_reduce_max_bytes = 1024 * 1024;
+  // The pieces a rank reads its peers' inputs in: small enough to stay in cache between
+  // the read and the reduction.
+  size_t cma_piece_bytes = 128 * 1024;
+  // An alltoallv rank that sends at most this many bytes puts them in the segment, where
+  // its peers copy them without a system call; above, they read its buffer through the
+  // kernel.
+  size_t alltoallv_segment_bytes = 32 * 1024;
+
+  // ---- hierarchical, cross-node phases (algorithms/hierarchical.cc)
+
+  // Message sizes at which the cross-node phases switch from latency- to
+  // bandwidth-optimal algorithms: the thresholds measured over loopback before the cost
+  // model chose flat algorithms; the phases do not consult its formulas yet. Allreduce:
+  // recursive doubling up to hier_allreduce_small_bytes, halving-doubling (2 nodes only)
+  // up to hier_allreduce_halving_bytes, the ring beyond; broadcast (also a node's
+  // broadcast over tcp): binomial tree up to hier_broadcast_small_bytes, chain beyond.
+  size_t hier_allreduce_small_bytes = 32 * 1024;
+  size_t hier_allreduce_halving_bytes = 1024 * 1024;
+  size_t hier_broadcast_small_bytes = 64 * 1024;
+
+  // ---- flat broadcast and reduce over tcp (communicator/selection.cc)
+
+  // Measured cut-off the choice uses where no cost formula is written (chorus-bench, 2-8
+  // ranks over loopback): broadcast and reduce over tcp take the binomial tree up to
+  // this many bytes and the pipelined chain beyond, where bandwidth dominates.
+  size_t tree_limit_bytes = 64 * 1024;
+
+  // The smallest chunk a shared-memory allreduce may take (shared_chunk_bytes,
+  // whole_chunk_bytes): it must hold an element of every type, and a cache line.
+  static constexpr size_t kMinChunkBytes = 64;
+};
+
+// The measured defaults, for contexts built without a cost model (tests, the
+// communicator's own set-up barrier).
+inline constexpr Tuning kDefaultTuning{};
+
+}  // namespace chorus::algorithms
