@@ -151,8 +151,9 @@ class CommunicatorImpl final : public Communicator,
 
   uint64_t split_count_ = 0;
   // The queue and the runner role: only the role's holder (the progress thread or a
-  // thread inside Work::wait()) touches transport_, shm_, scratch_ and
-  // transport_aborted_. Last, so that its thread is gone before any member it uses.
+  // thread inside Work::wait()) touches transport_ and shm_ (abort_with() only
+  // interrupts them), scratch_ and transport_aborted_. Last, so that its thread is gone
+  // before any member it uses.
   ProgressEngine<Op> engine_{*this, abort_requested_};
 };
 

@@ -15,7 +15,7 @@
 //   anything: the thread runs every operation still queued, then ends and is joined.
 //   An owner that must not wait for them sets the abort flag first (see the
 //   constructor), so that each one fails at once. The destructor calls stop() if the
-//   owner did not.
+//   thread is still running.
 // - A help() still inside the engine when stop() is called is not waited for: the owner
 //   keeps helpers out (the communicator can only be destroyed once no Work::wait()
 //   holds it).
@@ -91,8 +91,10 @@ class ProgressEngine : public ProgressEngineBase {
     // Runs `op`, or fails it once the abort flag is set, and completes whatever waits
     // for it. Never throws.
     virtual void run(Op& op) = 0;
-    // Once the abort flag is set: called once, before the role is given up after the
-    // last run(); the owner's place to abort what its operations use.
+    // Once the abort flag is set: called once, by the next holder of the role after its
+    // last run(), before it gives the role up (not at all when stop() found nothing
+    // queued and the thread ended first); the owner's place to abort what its
+    // operations use.
     virtual void on_abort() = 0;
 
    protected:
@@ -108,7 +110,9 @@ class ProgressEngine : public ProgressEngineBase {
   // Both must outlive the engine.
   ProgressEngine(Runner& runner, const std::atomic<bool>& aborted)
       : runner_(runner), aborted_(aborted) {}
-  ~ProgressEngine() { stop(); }
+  ~ProgressEngine() {
+    if (thread_.joinable()) stop();
+  }
 
   // Starts the progress thread.
   void start() {
