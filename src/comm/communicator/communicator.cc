@@ -4,7 +4,6 @@
 
 #include "chorus/error.h"
 #include "comm/common/allowlist.h"
-#include "comm/common/event.h"
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
@@ -65,7 +64,7 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   shape_.segment_bytes = options_.segment_bytes;
   cost_ = parse_cost_params(options_.cost_model);
   finish_creation(*ledger);
-  thread_ = std::thread([this] { progress_loop(); });
+  engine_.start();
   // CHORUS_DEBUG=INFO (or CHORUS_LOG_LEVEL=info): how this communicator was set up.
   CHORUS_LOG(kInfo, "communicator set up on " << where() << ": "
                                      << size_ << " ranks on " << topology_.nodes << " node(s), "
@@ -124,10 +123,6 @@ void CommunicatorImpl::connect_shared_memory(Store& scoped) {
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
   // The contract (communicator.h): what is still pending is aborted, not waited for;
   // the peers may never issue it, and waiting lasted up to CHORUS_TIMEOUT.
   const size_t pending = unfinished_.load(std::memory_order_acquire);
@@ -138,10 +133,55 @@ CommunicatorImpl::~CommunicatorImpl() {
     CHORUS_LOG(kWarn, why);
     abort_with(why);
   }
-  queue_signal_.fetch_add(1, std::memory_order_release);
-  futex_wake_all(queue_signal_);
-  if (thread_.joinable()) thread_.join();
+  // The progress thread runs what is still queued (each fails at once after an abort),
+  // then ends.
+  engine_.stop();
   if (!transport_aborted_) transport_->close();  // shared memory's too
+}
+
+Work CommunicatorImpl::enqueue(const OpSpec& spec, OpBody body) {
+  // CHORUS_DEBUG=DETAIL: two threads issuing at the same moment put their operations
+  // in an order that may differ on every rank (the fingerprints cannot see it when
+  // both calls look alike). Catches the calls that overlap here, which two threads
+  // issuing in loops do within a few calls; one atomic add each.
+  struct Issuing {
+    std::atomic<int>* count = nullptr;
+    ~Issuing() {
+      if (count) count->fetch_sub(1, std::memory_order_acq_rel);
+    }
+  } issuing;
+  if (options_.check_consistency) {
+    issuing.count = &issuing_;
+    if (issuing_.fetch_add(1, std::memory_order_acq_rel) != 0) {
+      throw InvalidArgumentError(
+          std::string(collective_name(spec.what)) + " on " + where() +
+          ": issued while another thread was issuing an operation on this communicator "
+          "(found by CHORUS_DEBUG=DETAIL); the ranks must issue operations in one order, so "
+          "issue them from one thread or order the threads yourself");
+    }
+  }
+  std::shared_ptr<WorkState> work;
+  // Collectives (stream 0) and sends/receives (stream 1) are numbered apart. Under the
+  // engine's lock: the flight recorder's slots follow the order of the queue.
+  engine_.enqueue(is_p2p(spec.what) ? 1 : 0, [&](uint64_t seq) {
+    work = std::make_shared<WorkState>(collective_name(spec.what), seq, weak_from_this());
+    size_t slot = recorder_.enabled() ? recorder_.queued(seq, spec.what, spec.dtype, spec.count, spec.root)
+                                      : 0;
+    unfinished_.fetch_add(1, std::memory_order_acq_rel);
+    return Op{spec, seq, std::move(body), work, slot};
+  });
+  return Work(work);
+}
+
+void CommunicatorImpl::help(const WorkState& work) { engine_.help(work); }
+
+void CommunicatorImpl::on_abort() {
+  if (transport_aborted_) return;  // by run(), when an operation failed
+  std::lock_guard<std::mutex> lock(abort_mutex_);
+  // The routed transport aborts shared memory first: it tells the local peers at once,
+  // while tcp's abort lingers up to half a second for its peers to hang up.
+  transport_->abort(abort_reason_);
+  transport_aborted_ = true;
 }
 
 const std::string& CommunicatorImpl::host_of(int rank) const { return hosts_.at(rank); }
@@ -254,8 +294,7 @@ void CommunicatorImpl::abort_with(const std::string& reason) {
   }
   write_trace(reason);
   transport_->interrupt(reason);  // shared memory's too
-  queue_signal_.fetch_add(1, std::memory_order_release);
-  futex_wake_all(queue_signal_);
+  engine_.wake();
 }
 
 std::shared_ptr<Communicator> CommunicatorImpl::split(int color, int key) {

@@ -1,21 +1,19 @@
-// The communicator behind the public interface: a transport, a queue of operations and
-// the progress thread that runs them in issue order.
+// The communicator behind the public interface: a transport, and a progress engine
+// (progress_engine.h) that runs its operations in issue order.
 #pragma once
 
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "chorus/communicator.h"
 #include "comm/algorithms/context.h"
 #include "comm/communicator/cost_model.h"
 #include "comm/communicator/flight_recorder.h"
+#include "comm/communicator/progress_engine.h"
 #include "comm/communicator/work_state.h"
 #include "comm/transport/shm/shm_group.h"
 #include "comm/transport/transport.h"
@@ -43,8 +41,19 @@ struct OpSpec {
 // What every rank of a call passes alike (transport::Signature), from its spec.
 transport::Signature signature_of(const OpSpec& spec);
 
+// An issued operation, as the progress engine queues it and CommunicatorImpl::run()
+// runs it.
+struct Operation {
+  OpSpec spec;
+  uint64_t seq;
+  OpBody body;
+  std::shared_ptr<WorkState> work;
+  size_t trace_slot = 0;
+};
+
 class CommunicatorImpl final : public Communicator,
                                public Executor,
+                               private ProgressEngine<Operation>::Runner,
                                public std::enable_shared_from_this<CommunicatorImpl> {
  public:
   CommunicatorImpl(std::shared_ptr<Store> store, int rank, int size, CommOptions options);
@@ -85,23 +94,13 @@ class CommunicatorImpl final : public Communicator,
   void help(const WorkState& work) override;
 
  private:
-  struct Op {
-    OpSpec spec;
-    uint64_t seq;
-    OpBody body;
-    std::shared_ptr<WorkState> work;
-    size_t trace_slot = 0;
-    std::chrono::steady_clock::time_point queued_at;  // by enqueue()
-  };
+  using Op = Operation;
 
+  // Numbers the operation in its stream and queues it in engine_.
   Work enqueue(const OpSpec& spec, OpBody body);
-  void progress_loop();
-  // Runs queued operations while holding the runner role, until `until` completes
-  // (null: until the queue is empty). False when another thread holds the role.
-  bool run_queued(const WorkState* until);
-  std::optional<Op> pop();
-  void wake_progress_thread();
-  void run(Op& op);
+  // ProgressEngine::Runner, on the runner role's holder.
+  void run(Op& op) override;
+  void on_abort() override;
   void fail_aborted(Op& op);
   // abort()'s work; `reason` is the whole cause the operations and the peers see.
   void abort_with(const std::string& reason);
@@ -135,24 +134,12 @@ class CommunicatorImpl final : public Communicator,
   mutable std::atomic<uint64_t> allreduce_choice_[kChoiceMemo] = {};
   algorithms::Scratch scratch_;
 
-  std::mutex mutex_;  // guards queue_, next_*, stopping_
-  std::deque<Op> queue_;
-  uint64_t next_collective_ = 0, next_p2p_ = 0;
-  bool stopping_ = false;
-  std::atomic<uint32_t> queue_signal_{0};
-  std::atomic<bool> progress_sleeping_{false};
-  // The runner role: only its holder touches transport_, scratch_ and
-  // transport_aborted_. Held by the progress thread or by a thread inside Work::wait().
-  std::atomic<bool> running_{false};
-  // Operations issued and not yet completed (queued or running): counted down just
-  // before each Work completes, so that a destructor called once every Work is waited
-  // for sees 0.
+  // Operations issued and not yet completed (queued or running): counted up in
+  // enqueue() under the engine's lock, down just before each Work completes, so that a
+  // destructor called once every Work is waited for sees 0.
   std::atomic<size_t> unfinished_{0};
   // Threads inside enqueue() now (CHORUS_DEBUG=DETAIL only).
   std::atomic<int> issuing_{0};
-  // Operations run in a row by threads that wait for them (help()), 0 after one run by
-  // the progress thread. Written by the runner, read by the progress thread.
-  std::atomic<uint32_t> helped_streak_{0};
 
   std::atomic<bool> abort_requested_{false};
   std::mutex abort_mutex_;  // guards abort_reason_
@@ -165,7 +152,11 @@ class CommunicatorImpl final : public Communicator,
   void write_trace(const std::string& why);
 
   uint64_t split_count_ = 0;
-  std::thread thread_;
+  // The queue and the runner role: only the role's holder (the progress thread or a
+  // thread inside Work::wait()) touches transport_ and shm_ (abort_with() only
+  // interrupts them), scratch_ and transport_aborted_. Last, so that its thread is gone
+  // before any member it uses.
+  ProgressEngine<Op> engine_{*this, abort_requested_};
 };
 
 }  // namespace chorus::internal
