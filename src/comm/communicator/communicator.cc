@@ -69,7 +69,10 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   CHORUS_LOG(kInfo, "communicator set up on " << where() << ": "
                                      << size_ << " ranks on " << topology_.nodes << " node(s), "
                                      << topology_.local_size << " on this one, which talk over "
-                                     << (shm_ ? "shared memory" : "tcp") << "; algorithm "
+                                     << (!shm_ ? "tcp"
+                                         : topology_.nodes > 1 ? "shared memory (tcp to the other nodes)"
+                                                               : "shared memory")
+                                     << "; algorithm "
                                      << algorithm_name(options_.algorithm) << ", reduce kernels "
                                      << reduce_isa_name(reduce_isa()) << ", timeout "
                                      << options_.timeout.count() << " ms");
