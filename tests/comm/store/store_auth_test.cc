@@ -264,6 +264,36 @@ TEST(SecurityStore, UnauthenticatedConnectionsAreDroppedAndOthersServed) {
   }
 }
 
+// Peers of authentication version 1, whose server spoke first, get words that say
+// what happened rather than garbage: a version-1 client, waiting for the server, is
+// refused at the authentication timeout with a REFUSED it can read (its code and layout
+// did not change), and a version-1 server's SERVER_HELLO is named by this client.
+TEST(SecurityStore, PeersOfAuthVersion1AreToldWhy) {
+  TcpStoreServer server(kLoopback, 0, server_options("t", 300ms));
+  net::Fd old_client = net::connect_to(kLoopback, server.port(), Deadline(10s), "v1 client");
+  handshake::Message refusal = read_auth(old_client.get());
+  EXPECT_EQ(refusal.kind, Kind::kRefused);
+  EXPECT_TRUE(contains(refusal.refusal, "did not prove the job token within 300 ms (it sent no "
+                                        "HELLO: a chorus client older than authentication "
+                                        "version 2 waits for the server to speak first)"))
+      << refusal.refusal;
+
+  net::Fd listener = net::listen_on(kLoopback, 0);
+  uint16_t port = net::local_address(listener.get()).port();
+  std::thread old_server([&] {
+    net::Fd fd = net::accept_before(listener.get(), Deadline(10s), nullptr);
+    if (!fd.valid()) return;
+    Bytes server_hello = {37, 0, 0, 0, 0xA1, 1, 0, 0, 0};  // SERVER_HELLO, version 1
+    server_hello.resize(server_hello.size() + auth::kNonceBytes, 7);
+    send_bytes(fd.get(), server_hello);
+    closed_by_peer(fd.get(), 10s);
+  });
+  std::string message =
+      error_of<StoreError>([&] { TcpStore(kLoopback, port, 10s, std::string("t")); });
+  old_server.join();
+  EXPECT_TRUE(contains(message, "got a SERVER_HELLO of authentication version 1")) << message;
+}
+
 // The client checks the server's proof too: a listener that does not hold the token
 // (another job's store, an impostor) is not trusted with a request.
 TEST(SecurityStore, ClientRefusesAServerWithoutTheToken) {
