@@ -1,12 +1,15 @@
 // libFuzzer target: the TCP data connection's handshake messages
-// (src/comm/transport/tcp/handshake.h). The first byte picks the decoder (hello,
-// challenge, proof, verdict, or a header alone); the rest is the message. A message is
-// either refused with a reason or decoded; a decoded one must encode to bytes that
-// decode again and encode to the same bytes. A decoded HELLO also goes through the
-// acceptor's field checks.
+// (src/comm/transport/tcp/handshake.h, the common flow of comm/common/handshake.h in
+// this protocol's frames). The first byte picks the decoder (hello, challenge, proof,
+// verdict: ACCEPTED or REFUSED, or any message: its header, then the whole of it); the
+// rest is the message. A message is either refused with a reason or decoded; a decoded
+// one must encode to bytes that decode again and encode to the same bytes. A decoded
+// HELLO also goes through the acceptor's field checks, and any decoded message through
+// the server's side of the flow. Seeds: write_seeds.cc.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +48,27 @@ void check_fields(const tcp::Hello& hello) {
   if (refusal && refusal->empty()) fail("hello refused without a reason");
 }
 
+// The server's side of the flow, with this protocol's HELLO hook, answers any message.
+void through_the_server(const chorus::handshake::Message& message) {
+  chorus::handshake::Server server("token");
+  tcp::Expected expected{0, 4, "fuzz", "token"};
+  auto check = [&](std::span<const uint8_t> fields, std::string* context, std::string* why) {
+    tcp::Hello hello;
+    if (!tcp::decode_hello_fields(fields, &hello, why)) return false;
+    if (auto mismatch = tcp::check_hello(hello, expected)) {
+      *why = *mismatch;
+      return false;
+    }
+    *context = tcp::proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size);
+    return true;
+  };
+  std::optional<chorus::handshake::Message> answer = server.take(message, check);
+  if (!answer) fail("the server gave no answer to a first message");
+  if (answer->kind == chorus::handshake::Kind::kRefused && server.refusal().empty()) {
+    fail("the server refused without a reason");
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -73,6 +97,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } else if (reason.empty()) {
         fail("header refused without a reason");
       }
+      round_trip<chorus::handshake::Message>(message, tcp::decode_message, tcp::encode_message,
+                                             through_the_server);
     }
   }
   return 0;

@@ -1,13 +1,18 @@
 // libFuzzer target: the TCP store's wire decoding (src/comm/store/tcp_store_protocol.h).
 // Any byte string is either refused with a reason or decoded; a decoded request, reply
 // or authentication message must encode back to a frame that decodes to the same thing.
-// The first byte picks which of the three the rest is read as.
+// The first byte picks which of the three the rest is read as. A decoded
+// authentication message is also handed to the server's side of the common handshake
+// (comm/common/handshake.h, with the store's HELLO hook) and to a client's, each of
+// which must answer it or refuse it with a reason. Seeds: write_seeds.cc.
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <string>
 
+#include "comm/common/handshake.h"
 #include "comm/store/tcp_store_protocol.h"
 
 namespace wire = chorus::store_wire;
@@ -29,8 +34,30 @@ bool same(const wire::Reply& a, const wire::Reply& b) {
          a.missing_count == b.missing_count && a.keys == b.keys && a.message == b.message;
 }
 
-bool same(const wire::AuthMessage& a, const wire::AuthMessage& b) {
+bool same(const chorus::handshake::Message& a, const chorus::handshake::Message& b) {
   return wire::encode_auth(a) == wire::encode_auth(b);
+}
+
+// The flow's two sides take any decoded message without trouble.
+void through_the_flow(std::span<const uint8_t> payload) {
+  namespace handshake = chorus::handshake;
+  handshake::Message message;
+  std::string reason;
+  if (!wire::decode_auth(payload, &message, &reason)) return;
+  handshake::Server server("token");
+  std::optional<handshake::Message> answer = server.take(message, wire::check_hello_fields);
+  if (!answer) fail("the server gave no answer to a first message");
+  if (answer->kind == handshake::Kind::kRefused && server.refusal().empty()) {
+    fail("the server refused without a reason");
+  }
+  if (answer->kind == handshake::Kind::kChallenge && message.kind != handshake::Kind::kHello) {
+    fail("the server challenged something other than a HELLO");
+  }
+  handshake::Client client("token", wire::kAuthContext, chorus::auth::Nonce{});
+  handshake::Client::Step step = client.take(message);
+  if (step.outcome == handshake::Client::Outcome::kAccepted) {
+    fail("a client accepted before it proved the token");
+  }
 }
 
 // The payload of a whole frame, after checking its length prefix with `length_ok`
@@ -74,8 +101,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   switch (data[0] % 3) {
     case 2:
-      round_trip<wire::AuthMessage>("authentication message", payload, wire::decode_auth,
-                                    wire::encode_auth, wire::check_auth_frame_length);
+      round_trip<chorus::handshake::Message>("authentication message", payload,
+                                             wire::decode_auth, wire::encode_auth,
+                                             wire::check_auth_frame_length);
+      through_the_flow(payload);
       break;
     case 1:
       round_trip<wire::Request>("request", payload, wire::decode_request, wire::encode_request,

@@ -1,5 +1,7 @@
 #include "comm/store/tcp_store_protocol.h"
 
+#include <utility>
+
 #include "chorus/error.h"
 #include "comm/common/handshake.h"
 #include "comm/common/socket.h"
@@ -247,26 +249,43 @@ bool decode_reply(std::span<const uint8_t> payload, Reply* out, std::string* rea
   return finish(rd, "reply", reason);
 }
 
-Bytes encode_auth(const AuthMessage& m) {
-  Writer w = start_frame();
-  w.u8(static_cast<uint8_t>(m.kind));
-  switch (m.kind) {
-    case AuthKind::kServerHello:
-      w.u32(m.version);
-      w.array(m.nonce);
-      break;
-    case AuthKind::kClientProof:
-      w.u32(m.version);
-      w.array(m.nonce);
-      w.array(m.proof);
-      break;
-    case AuthKind::kServerProof:
-      w.array(m.proof);
-      break;
-    case AuthKind::kRefused:
-      w.text(m.message.substr(0, kMaxAuthMessageBytes));
-      break;
+namespace {
+
+// The common flow's kinds and their codes on this wire.
+constexpr std::pair<handshake::Kind, AuthKind> kAuthKinds[] = {
+    {handshake::Kind::kHello, AuthKind::kHello},
+    {handshake::Kind::kChallenge, AuthKind::kChallenge},
+    {handshake::Kind::kProof, AuthKind::kProof},
+    {handshake::Kind::kAccepted, AuthKind::kAccepted},
+    {handshake::Kind::kRefused, AuthKind::kRefused},
+};
+
+uint8_t code_of(handshake::Kind kind) {
+  for (auto [k, code] : kAuthKinds) {
+    if (k == kind) return static_cast<uint8_t>(code);
   }
+  return 0;
+}
+
+// Version 1's own kinds (its REFUSED is this version's).
+const char* version1_kind(uint8_t code) {
+  switch (code) {
+    case 0xA1:
+      return "SERVER_HELLO";
+    case 0xA2:
+      return "CLIENT_PROOF";
+    case 0xA3:
+      return "SERVER_PROOF";
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Bytes encode_auth(const handshake::Message& m) {
+  Writer w = start_frame();
+  w.u8(code_of(m.kind));
+  handshake::encode_body(m, w);
   return finish_frame(w);
 }
 
@@ -284,32 +303,20 @@ bool check_auth_frame_length(uint32_t length, std::string* reason) {
   return true;
 }
 
-bool decode_auth(std::span<const uint8_t> payload, AuthMessage* out, std::string* reason) {
+bool decode_auth(std::span<const uint8_t> payload, handshake::Message* out,
+                 std::string* reason) {
   Reader rd(payload);
   uint8_t code = 0;
   if (!rd.u8("authentication kind", &code)) return finish(rd, "authentication", reason);
-  switch (static_cast<AuthKind>(code)) {
-    case AuthKind::kServerHello:
-      out->kind = AuthKind::kServerHello;
-      rd.u32("auth version", &out->version);
-      rd.array("nonce", &out->nonce);
-      return finish(rd, "SERVER_HELLO", reason);
-    case AuthKind::kClientProof:
-      out->kind = AuthKind::kClientProof;
-      rd.u32("auth version", &out->version);
-      rd.array("nonce", &out->nonce);
-      rd.array("proof", &out->proof);
-      return finish(rd, "CLIENT_PROOF", reason);
-    case AuthKind::kServerProof:
-      out->kind = AuthKind::kServerProof;
-      rd.array("proof", &out->proof);
-      return finish(rd, "SERVER_PROOF", reason);
-    case AuthKind::kRefused:
-      out->kind = AuthKind::kRefused;
-      rd.text("message", kMaxAuthMessageBytes, &out->message);
-      return finish(rd, "REFUSED", reason);
+  for (auto [kind, wire_code] : kAuthKinds) {
+    if (code != static_cast<uint8_t>(wire_code)) continue;
+    handshake::decode_body(kind, rd, out);
+    return finish(rd, handshake::kind_name(kind), reason);
   }
-  if (valid_op(code)) {
+  if (const char* old = version1_kind(code)) {
+    rd.fail("got a " + std::string(old) + " of authentication version 1 (a chorus of another "
+            "version; here " + std::to_string(kAuthVersion) + ")");
+  } else if (valid_op(code)) {
     rd.fail("got a " + std::string(op_name(static_cast<Op>(code))) +
             " request before the authentication (a client without the job token "
             "handshake: an older chorus, or not chorus)");
@@ -319,10 +326,35 @@ bool decode_auth(std::span<const uint8_t> payload, AuthMessage* out, std::string
   return finish(rd, "authentication", reason);
 }
 
+handshake::Message hello_message(const auth::Nonce& client_nonce, uint32_t version) {
+  handshake::Message m;
+  m.kind = handshake::Kind::kHello;
+  Writer w;
+  w.u32(version);
+  m.fields = w.take();
+  m.nonce = client_nonce;
+  return m;
+}
+
+bool check_hello_fields(std::span<const uint8_t> fields, std::string* context,
+                        std::string* refusal) {
+  Reader rd(fields);
+  uint32_t version = 0;
+  rd.u32("auth version", &version);
+  if (!finish(rd, "HELLO", refusal)) return false;
+  if (version != kAuthVersion) {
+    *refusal = "authentication version differs (client " + std::to_string(version) + ", here " +
+               std::to_string(kAuthVersion) + ")";
+    return false;
+  }
+  *context = kAuthContext;
+  return true;
+}
+
 namespace {
 
-AuthMessage read_auth(int fd, const Deadline& deadline, const std::string& where,
-                      const std::string& step) {
+handshake::Message read_auth(int fd, const Deadline& deadline, const std::string& where,
+                             const std::string& step) {
   std::string what = where + ": authentication, " + step;
   uint8_t prefix[kLengthPrefixBytes];
   net::read_full(fd, prefix, sizeof prefix, deadline, what);
@@ -333,12 +365,9 @@ AuthMessage read_auth(int fd, const Deadline& deadline, const std::string& where
   }
   Bytes payload(length);  // length was checked above
   net::read_full(fd, payload.data(), payload.size(), deadline, what);
-  AuthMessage message;
+  handshake::Message message;
   if (!decode_auth(payload, &message, &reason)) {
     throw StoreError(what + ": " + reason + " (not a chorus store of this version?)");
-  }
-  if (message.kind == AuthKind::kRefused) {
-    throw StoreError(where + " refused this process: " + message.message);
   }
   return message;
 }
@@ -347,39 +376,41 @@ AuthMessage read_auth(int fd, const Deadline& deadline, const std::string& where
 
 void authenticate_client(int fd, const std::string& token, const Deadline& deadline,
                          const std::string& where) {
-  try {
-    AuthMessage hello = read_auth(fd, deadline, where, "waiting for the server's challenge");
-    if (hello.kind != AuthKind::kServerHello) {
-      throw StoreError(where + ": authentication: expected the server's challenge, got message "
-                               "kind " +
-                       std::to_string(static_cast<int>(hello.kind)));
-    }
-    if (hello.version != kAuthVersion) {
-      throw StoreError(where + ": authentication version differs (server " +
-                       std::to_string(hello.version) + ", here " +
-                       std::to_string(kAuthVersion) + ")");
-    }
-    AuthMessage proof;
-    proof.kind = AuthKind::kClientProof;
-    proof.nonce = auth::make_nonce();
-    handshake::Proofs proofs(token, kAuthContext);
-    proof.proof = proofs.client({proof.nonce, hello.nonce});
-    Bytes frame = encode_auth(proof);
+  handshake::Client client(token, kAuthContext, auth::make_nonce());
+  bool challenged = false;
+  auto send = [&](const handshake::Message& m) {
+    Bytes frame = encode_auth(m);
     net::write_full(fd, frame.data(), frame.size(), deadline,
-                    where + ": authentication, sending the proof of the job token");
-    AuthMessage answer = read_auth(fd, deadline, where, "waiting for the server's proof");
-    if (answer.kind != AuthKind::kServerProof) {
-      throw StoreError(where + ": authentication: expected the server's proof, got message "
-                               "kind " +
-                       std::to_string(static_cast<int>(answer.kind)));
-    }
-    if (!proofs.server_proved({proof.nonce, hello.nonce}, answer.proof)) {
-      throw StoreError(handshake::server_unproven(where, "this job's token",
-                                                  "is it the store of another job?"));
-    }
+                    where + (m.kind == handshake::Kind::kHello
+                                 ? ": authentication, sending the hello"
+                                 : ": authentication, sending the proof of the job token"));
+  };
+  auto receive = [&] {
+    handshake::Message m =
+        read_auth(fd, deadline, where,
+                  challenged ? "waiting for the server's proof" : "waiting for the server's challenge");
+    challenged = true;
+    return m;
+  };
+  handshake::Client::Step step;
+  try {
+    Bytes fields = hello_message(auth::Nonce{}).fields;
+    step = handshake::run_client(client, fields, send, receive);
   } catch (const PeerError& e) {
     throw StoreError(where + " closed the connection during the authentication (" + e.what() +
                      ")");
+  }
+  switch (step.outcome) {
+    case handshake::Client::Outcome::kAccepted:
+      return;
+    case handshake::Client::Outcome::kRefused:
+      throw StoreError(where + " refused this process: " + step.why);
+    case handshake::Client::Outcome::kUnproven:
+      throw StoreError(handshake::server_unproven(where, "this job's token",
+                                                  "is it the store of another job?"));
+    default:
+      throw StoreError(where + ": authentication: " + step.why +
+                       " (not a chorus store of this version?)");
   }
 }
 

@@ -30,20 +30,29 @@
 // only once the previous one is answered (a parked GET or WAIT included).
 //
 // Authentication comes first. Before its first request a connection proves the job
-// token by challenge and response (comm/common/auth.h; the token is never sent), in
-// frames like the others whose payload starts with an authentication kind:
+// token with the handshake every chorus connection opens with (comm/common/handshake.h:
+// one message flow for store and data connections; the token is never sent), in
+// frames like the others whose payload is a u8 authentication kind and the message's
+// body:
 //
-//   server -> client  SERVER_HELLO   u8 0xA1, u32 auth version, server nonce (32 bytes)
-//   client -> server  CLIENT_PROOF   u8 0xA2, u32 auth version, client nonce, proof
-//   server -> client  SERVER_PROOF   u8 0xA3, proof                  (accepted)
-//                     REFUSED        u8 0xA4, message                (then it closes)
+//   client -> server  HELLO      u8 0xB1, u32 auth version, client nonce (32 bytes)
+//   server -> client  CHALLENGE  u8 0xB2, server nonce       (or REFUSED)
+//   client -> server  PROOF      u8 0xB3, client proof
+//   server -> client  ACCEPTED   u8 0xB4, server proof       (or REFUSED)
+//                     REFUSED    u8 0xA4, message            (then it closes)
 //
-// The server sends SERVER_HELLO when it accepts a connection, or REFUSED when its
-// allow-list does not name the peer's address. Only a client whose proof is right gets
-// the server's proof, and the client checks it before its first request. The server
-// handles no request on a connection before that; one that sends anything else, a
-// wrong proof, or nothing within the server's authentication timeout is closed and
-// logged with its address. Authentication frames are at most kMaxAuthFrameBytes.
+// The auth version is the store's own HELLO field: the server refuses another one
+// (check_hello_fields, its hook in the common flow). It refuses a peer whose address
+// its allow-list does not name when that peer's HELLO arrives. Only a client whose
+// proof is right gets the server's proof, and the client checks it before its first
+// request. The server handles no request on a connection before that; one that sends
+// anything else, a wrong proof, or nothing within the server's authentication timeout
+// is refused, closed and logged with its address. Authentication frames are at most
+// kMaxAuthFrameBytes.
+//
+// Version 1 (chorus before the common flow) had the server speak first (SERVER_HELLO,
+// 0xA1). REFUSED keeps its code and layout, so that a client of version 1 still reads
+// why it was refused; a client of this version names a version-1 server's first frame.
 //
 // Decoding never trusts a number from the network: every length and count is checked
 // against its limit and against the bytes left in the frame before anything is
@@ -59,6 +68,7 @@
 #include "chorus/store.h"
 #include "comm/common/auth.h"
 #include "comm/common/deadline.h"
+#include "comm/common/handshake.h"
 #include "comm/store/rules.h"
 
 namespace chorus::store_wire {
@@ -137,40 +147,47 @@ bool decode_reply(std::span<const uint8_t> payload, Reply* out, std::string* rea
 
 // ---- Authentication ----
 
-inline constexpr uint32_t kAuthVersion = 1;
+// 2: the common handshake flow (the client speaks first; proofs bound to
+// "chorus-store-v2").
+inline constexpr uint32_t kAuthVersion = 2;
 inline constexpr size_t kMaxAuthFrameBytes = 2048;
-inline constexpr size_t kMaxAuthMessageBytes = 1024;
+inline constexpr size_t kMaxAuthMessageBytes = handshake::kMaxRefusalBytes;
 // What both proofs of a store connection are bound to.
-inline constexpr char kAuthContext[] = "chorus-store-v1";
+inline constexpr char kAuthContext[] = "chorus-store-v2";
 
+// The common flow's messages on this protocol's wire.
 enum class AuthKind : uint8_t {
-  kServerHello = 0xA1,
-  kClientProof = 0xA2,
-  kServerProof = 0xA3,
-  kRefused = 0xA4,
-};
-
-struct AuthMessage {
-  AuthKind kind = AuthKind::kRefused;
-  uint32_t version = kAuthVersion;  // SERVER_HELLO CLIENT_PROOF
-  auth::Nonce nonce{};              // SERVER_HELLO CLIENT_PROOF: the sender's
-  auth::Proof proof{};              // CLIENT_PROOF SERVER_PROOF
-  std::string message;              // REFUSED
+  kHello = 0xB1,
+  kChallenge = 0xB2,
+  kProof = 0xB3,
+  kAccepted = 0xB4,
+  kRefused = 0xA4,  // as in version 1
 };
 
 // A whole frame, length prefix included (a REFUSED message is cut to
 // kMaxAuthMessageBytes).
-Bytes encode_auth(const AuthMessage& message);
+Bytes encode_auth(const handshake::Message& message);
 // False, with the reason, when an authentication frame of `length` payload bytes must
 // be refused (checked before any of it is buffered).
 bool check_auth_frame_length(uint32_t length, std::string* reason);
 // Decodes one authentication payload (without its length prefix). False, with a reason
-// naming the field at fault, when it is malformed or not an authentication message (a
-// request from a client that does not authenticate, say); `out` is then unspecified.
-bool decode_auth(std::span<const uint8_t> payload, AuthMessage* out, std::string* reason);
+// naming the field at fault, when it is malformed or not an authentication message of
+// this version (a request from a client that does not authenticate, say); `out` is
+// then unspecified.
+bool decode_auth(std::span<const uint8_t> payload, handshake::Message* out,
+                 std::string* reason);
 
-// The client's side of the authentication, on a freshly connected socket: reads
-// SERVER_HELLO, sends CLIENT_PROOF, reads and checks SERVER_PROOF. `where` names the
+// The store's HELLO: its own field, the auth version, and the client's nonce.
+handshake::Message hello_message(const auth::Nonce& client_nonce,
+                                 uint32_t version = kAuthVersion);
+// The store's hook in the common flow (handshake::HelloCheck): the HELLO's fields are
+// exactly a u32 auth version equal to kAuthVersion; the context is kAuthContext.
+bool check_hello_fields(std::span<const uint8_t> fields, std::string* context,
+                        std::string* refusal);
+
+// The client's side of the authentication, on a freshly connected socket
+// (handshake::run_client): sends HELLO, answers CHALLENGE with PROOF, reads and checks
+// ACCEPTED. `where` names the
 // server ("store at HOST:PORT"). Throws StoreError "<where> refused this process: <why>"
 // when the server refuses (job token, allow-list), StoreError when the server's proof
 // is wrong or it speaks another protocol, TimeoutError when the deadline passes.

@@ -7,11 +7,14 @@
 // missing key, WAIT) are parked as waiters and answered from the loop when their keys
 // appear or their deadline passes, so every request gets exactly one reply in order.
 //
-// Authentication: a new connection from an address the allow-list names is sent
-// SERVER_HELLO and must answer with a right CLIENT_PROOF (tcp_store_protocol.h) before
-// any of its frames is taken as a request; its frames are bounded by the smaller
-// authentication limit meanwhile. A wrong or malformed answer, or none before the
-// authentication deadline, closes the connection with a warning naming its address.
+// Authentication: every new connection runs the job token's handshake
+// (comm/common/handshake.h, framed as in tcp_store_protocol.h) before any of its frames
+// is taken as a request: its HELLO is answered with a CHALLENGE, a right PROOF with
+// ACCEPTED, message by message as they arrive (each connection's handshake::Server);
+// its frames are bounded by the smaller authentication limit meanwhile. A connection
+// from an address the allow-list does not name is answered REFUSED at its HELLO. A
+// wrong or malformed message, or a handshake not done by the authentication deadline,
+// is refused and closes the connection with a warning naming its address.
 //
 // Backpressure: a client's next frame is handled only once its previous reply is
 // fully sent and it has no parked request, and its socket is not read meanwhile, so
@@ -32,7 +35,6 @@
 #include "chorus/error.h"
 #include "chorus/store.h"
 #include "comm/common/allowlist.h"
-#include "comm/common/auth.h"
 #include "comm/common/handshake.h"
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
@@ -65,7 +67,7 @@ struct Client {
   uint64_t waiter = 0;    // the parked request's waiter id, 0 when none
   uint32_t interest = 0;  // the epoll event mask currently registered
   bool authenticated = false;
-  auth::Nonce server_nonce{};     // sent in SERVER_HELLO
+  handshake::Server flow{std::string()};  // the handshake, until authenticated
   Clock::time_point auth_deadline;  // while not authenticated
 
   bool sending() const { return out_sent < out.size(); }
@@ -82,7 +84,7 @@ struct TcpStoreServer::Impl {
 
   std::string host;
   uint16_t port = 0;
-  handshake::Proofs proofs;
+  std::string token;
   net::AllowList allowlist;
   std::chrono::milliseconds auth_timeout;
   std::atomic<int> num_clients{0};
@@ -130,8 +132,7 @@ struct TcpStoreServer::Impl {
 TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t requested_port,
                            const TcpStoreServerOptions& options)
     : host(host_in),
-      proofs(options.job_token ? *options.job_token : settings::job_token(),
-             store_wire::kAuthContext),
+      token(options.job_token ? *options.job_token : settings::job_token()),
       auth_timeout(std::max(options.auth_timeout, std::chrono::milliseconds(1))) {
   // Before the port is bound: a bad allow-list fails the start, not each connection.
   if (!options.allowlist_file) {
@@ -201,8 +202,18 @@ void TcpStoreServer::Impl::expire_authentications() {
   for (uint64_t id : late) {
     auto it = clients_.find(id);
     if (it == clients_.end()) continue;
-    refuse(*it->second, "did not prove the job token within " +
-                            std::to_string(auth_timeout.count()) + " ms");
+    Client& client = *it->second;
+    if (client.flow.refusing_why()) {
+      refuse(client, *client.flow.refusing_why());
+      continue;
+    }
+    std::string why =
+        "did not prove the job token within " + std::to_string(auth_timeout.count()) + " ms";
+    if (client.in.empty() && client.flow.stage() == handshake::Server::Stage::kHello) {
+      why += " (it sent no HELLO: a chorus client older than authentication version " +
+             std::to_string(store_wire::kAuthVersion) + " waits for the server to speak first)";
+    }
+    refuse(client, why);
   }
 }
 
@@ -230,15 +241,14 @@ void TcpStoreServer::Impl::accept_clients() {
       return;
     }
     if (!fd.valid()) return;
-    if (!allowlist.allows(peer)) {
-      std::string why = "address " + peer.ip() + " is not in " + allowlist.describe();
-      log_refusal(peer.str(), why);
-      // It has sent nothing yet, so closing does not reset the connection before the
-      // client reads why.
-      store_server::send_refusal(fd.get(), why);
-      continue;
-    }
     auto client = std::make_unique<Client>();
+    client->flow = handshake::Server(token);
+    if (!allowlist.allows(peer)) {
+      // Refused at its HELLO: closing once that is read does not reset the connection
+      // before the client reads why.
+      client->flow =
+          handshake::Server::refusing("address " + peer.ip() + " is not in " + allowlist.describe());
+    }
     client->id = next_client_id_++;
     client->fd = std::move(fd);
     client->address = peer.str();
@@ -252,14 +262,12 @@ void TcpStoreServer::Impl::accept_clients() {
     }
     client->interest = ev.events;
     CHORUS_LOG(kDebug, "store server: client " << client->address << " connected");
-    client->server_nonce = auth::make_nonce();
     client->auth_deadline = Clock::now() + auth_timeout;
-    client->out = store_server::hello_frame(client->server_nonce);
     auth_deadlines_.emplace(client->auth_deadline, client->id);
     uint64_t id = client->id;
     clients_.emplace(id, std::move(client));
     num_clients.fetch_add(1, std::memory_order_relaxed);
-    serve(id);  // sends the hello
+    serve(id);  // the client speaks first: takes its HELLO if it is in already
   }
 }
 
@@ -319,7 +327,7 @@ void TcpStoreServer::Impl::serve(uint64_t client_id) {
       FrameResult result = authenticate(client);
       if (result == FrameResult::kDropped) return;
       if (result == FrameResult::kIncomplete) break;
-      continue;  // sends SERVER_PROOF, then serves what followed the proof
+      continue;  // sends the answer, then takes what followed
     }
     Request request;
     FrameResult result = next_frame(client, &request);
@@ -370,12 +378,14 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& clien
   return FrameResult::kReady;
 }
 
-// Takes the client's CLIENT_PROOF out of its input and checks it. kReady when the
-// client is now authenticated (SERVER_PROOF queued); kDropped when it was refused.
+// Takes the client's next authentication message out of its input and answers it
+// (its handshake::Server says what with; the store's hook checks the HELLO's auth
+// version). kReady when an answer is queued (ACCEPTED: the client is now
+// authenticated); kDropped when it was refused.
 TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& client) {
   std::string reason;
-  switch (store_server::take_client_proof(client.in, proofs, client.server_nonce, &client.out,
-                                          &reason)) {
+  handshake::Message message;
+  switch (store_server::take_auth(client.in, &message, &reason)) {
     case store_server::Take::kIncomplete:
       return FrameResult::kIncomplete;
     case store_server::Take::kRefused:
@@ -384,9 +394,24 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& cli
     case store_server::Take::kReady:
       break;
   }
-  client.authenticated = true;
-  auth_deadlines_.erase({client.auth_deadline, client.id});
-  CHORUS_LOG(kDebug, "store server: client " << client.address << " authenticated");
+  std::optional<handshake::Message> answer =
+      client.flow.take(message, store_wire::check_hello_fields);
+  if (client.flow.stage() == handshake::Server::Stage::kProved) {
+    answer = client.flow.accept();
+  }
+  if (client.flow.stage() == handshake::Server::Stage::kDone &&
+      !client.flow.accepted()) {
+    refuse(client, client.flow.refusal());
+    return FrameResult::kDropped;
+  }
+  Bytes frame = store_wire::encode_auth(*answer);
+  client.out.insert(client.out.end(), frame.begin(), frame.end());
+  if (client.flow.accepted()) {
+    client.authenticated = true;
+    client.flow = handshake::Server(std::string());  // the token's copy goes
+    auth_deadlines_.erase({client.auth_deadline, client.id});
+    CHORUS_LOG(kDebug, "store server: client " << client.address << " authenticated");
+  }
   return FrameResult::kReady;
 }
 

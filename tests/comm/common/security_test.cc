@@ -1,17 +1,22 @@
 // Security primitives of the common layer (docs/security.md): the challenge-response
-// proofs of the job token (comm/common/auth.h) and the allow-list of peer addresses
+// proofs of the job token (comm/common/auth.h), the one handshake flow both protocols
+// run (comm/common/handshake.h) and the allow-list of peer addresses
 // (comm/common/allowlist.h: CHORUS_WHITELIST_FILE, HCCL_WHITELIST_FILE,
 // HCCL_WHITELIST_DISABLE). Where each is enforced is tested with its layer:
 // store/store_auth_test.cc, transport/handshake_test.cc, communicator/job_token_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "chorus/error.h"
 #include "comm/common/allowlist.h"
 #include "comm/common/auth.h"
+#include "comm/common/handshake.h"
+#include "comm/common/wire.h"
 #include "util/checks.h"
 #include "util/security.h"
 
@@ -44,6 +49,122 @@ TEST(SecurityAuth, ProofsDependOnTokenRoleNoncesAndContext) {
 }
 
 // ---- The allow-list ----
+
+// ---- The handshake flow, message by message (no sockets) ----
+
+// A protocol's hook that takes HELLO fields "ok" and refuses anything else.
+bool check_fields(std::span<const uint8_t> fields, std::string* context, std::string* why) {
+  if (std::string(fields.begin(), fields.end()) != "ok") {
+    *why = "field differs";
+    return false;
+  }
+  *context = "test-v1";
+  return true;
+}
+
+std::vector<uint8_t> ok_fields() { return {'o', 'k'}; }
+
+// Runs the flow between a client with `client_token` and a server with `server_token`;
+// returns the client's last step and leaves the server's outcome in `server`.
+handshake::Client::Step run_flow(const std::string& client_token, handshake::Server& server,
+                                 std::vector<handshake::Kind>* server_said) {
+  handshake::Client client(client_token, "test-v1", auth::make_nonce());
+  std::vector<handshake::Message> to_server;
+  handshake::Client::Step step = handshake::run_client(
+      client, ok_fields(), [&](const handshake::Message& m) { to_server.push_back(m); },
+      [&] {
+        std::optional<handshake::Message> answer = server.take(to_server.back(), check_fields);
+        if (!answer) answer = server.accept();
+        server_said->push_back(answer->kind);
+        return *answer;
+      });
+  return step;
+}
+
+TEST(SecurityHandshakeFlow, BothSidesProveInOrderAndAWrongTokenIsRefused) {
+  using handshake::Kind;
+  using Outcome = handshake::Client::Outcome;
+  handshake::Server good("t");
+  std::vector<Kind> said;
+  EXPECT_EQ(run_flow("t", good, &said).outcome, Outcome::kAccepted);
+  EXPECT_EQ(said, (std::vector<Kind>{Kind::kChallenge, Kind::kAccepted}));
+  EXPECT_TRUE(good.accepted());
+
+  // A wrong proof gets no proof of the server's, only the refusal.
+  handshake::Server other("other");
+  said.clear();
+  handshake::Client::Step step = run_flow("t", other, &said);
+  EXPECT_EQ(step.outcome, Outcome::kRefused);
+  EXPECT_EQ(step.why, auth::kTokenMismatch);
+  EXPECT_EQ(said, (std::vector<Kind>{Kind::kChallenge, Kind::kRefused}));
+  EXPECT_EQ(other.refusal(), auth::kTokenMismatch);
+
+  // The protocol's hook refuses a HELLO before any challenge; the allow-list's refusal
+  // answers the HELLO whatever it says.
+  handshake::Server server("t");
+  handshake::Message hello = handshake::Client("t", "test-v1", auth::make_nonce()).hello({'n'});
+  std::optional<handshake::Message> answer = server.take(hello, check_fields);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->kind, Kind::kRefused);
+  EXPECT_EQ(answer->refusal, "field differs");
+  handshake::Server refusing = handshake::Server::refusing("address not listed");
+  said.clear();
+  step = run_flow("t", refusing, &said);
+  EXPECT_EQ(step.outcome, Outcome::kRefused);
+  EXPECT_EQ(step.why, "address not listed");
+
+  // A server that does not hold the token cannot make the client accept it, and a
+  // server may not accept before the client proved.
+  handshake::Client client("t", "test-v1", auth::make_nonce());
+  handshake::Message challenge;
+  challenge.kind = Kind::kChallenge;
+  challenge.nonce = auth::make_nonce();
+  ASSERT_EQ(client.take(challenge).outcome, Outcome::kSend);
+  handshake::Message forged;
+  forged.kind = Kind::kAccepted;
+  EXPECT_EQ(client.take(forged).outcome, Outcome::kUnproven);
+  handshake::Client early("t", "test-v1", auth::make_nonce());
+  EXPECT_EQ(early.take(forged).outcome, Outcome::kUnexpected);
+  handshake::Server eager("t");
+  EXPECT_EQ(eager.accept().kind, Kind::kRefused);
+}
+
+TEST(SecurityHandshakeFlow, BodiesRoundTripAndAreBounded) {
+  using handshake::Kind;
+  handshake::Message hello;
+  hello.kind = Kind::kHello;
+  hello.fields = {1, 2, 3};
+  hello.nonce = auth::make_nonce();
+  wire::Writer w;
+  handshake::encode_body(hello, w);
+  std::vector<uint8_t> body = w.take();
+  ASSERT_EQ(body.size(), 4 + 3 + auth::kNonceBytes);
+  handshake::Message back;
+  wire::Reader in(body);
+  handshake::decode_body(Kind::kHello, in, &back);
+  std::string reason;
+  ASSERT_TRUE(in.finish(&reason)) << reason;
+  EXPECT_EQ(back.fields, hello.fields);
+  EXPECT_EQ(back.nonce, hello.nonce);
+  // Every truncation of a HELLO, hostile fields and a refusal longer than the limit
+  // are refused.
+  for (size_t n = 0; n < body.size(); ++n) {
+    wire::Reader truncated{std::span<const uint8_t>(body).first(n)};
+    handshake::decode_body(Kind::kHello, truncated, &back);
+    EXPECT_FALSE(truncated.finish(&reason)) << n;
+  }
+  std::vector<uint8_t> fields_beyond = body;
+  fields_beyond[1] = 0x10;  // 4099 bytes of fields
+  wire::Reader beyond(fields_beyond);
+  handshake::decode_body(Kind::kHello, beyond, &back);
+  EXPECT_FALSE(beyond.finish(&reason));
+  EXPECT_TRUE(contains(reason, "hello fields of 4099 bytes exceeds the limit of 1536")) << reason;
+  std::vector<uint8_t> hostile = {0xff, 0xff, 0xff, 0x7f};
+  wire::Reader refusal(hostile);
+  handshake::decode_body(Kind::kRefused, refusal, &back);
+  EXPECT_FALSE(refusal.finish(&reason));
+  EXPECT_TRUE(contains(reason, "exceeds the limit of 1024")) << reason;
+}
 
 TEST(SecurityAllowList, ParsesAddressesNetworksAndComments) {
   std::string text =

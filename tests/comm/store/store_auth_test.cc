@@ -13,6 +13,7 @@
 
 #include "chorus/chorus.h"
 #include "comm/common/auth.h"
+#include "comm/common/handshake.h"
 #include "comm/common/socket.h"
 #include "comm/store/tcp_store_protocol.h"
 #include "util/checks.h"
@@ -42,32 +43,67 @@ Bytes read_store_frame(int fd, Bytes* raw = nullptr) {
   return payload;
 }
 
-store_wire::AuthMessage read_auth(int fd, Bytes* raw = nullptr) {
+using handshake::Kind;
+
+handshake::Message read_auth(int fd, Bytes* raw = nullptr) {
   Bytes payload = read_store_frame(fd, raw);
-  store_wire::AuthMessage message;
+  handshake::Message message;
   std::string reason;
   EXPECT_TRUE(store_wire::decode_auth(payload, &message, &reason)) << reason;
   return message;
 }
 
-// Every store connection's first message: the server's challenge.
+void send_auth(int fd, const handshake::Message& message) {
+  send_bytes(fd, store_wire::encode_auth(message));
+}
+
+handshake::Message of_kind(Kind kind) {
+  handshake::Message m;
+  m.kind = kind;
+  return m;
+}
+
+// The PROOF a client with `token` sends for these nonces.
+handshake::Message client_proof(const std::string& token, const auth::Nonce& client_nonce,
+                                const auth::Nonce& server_nonce) {
+  handshake::Message proof = of_kind(Kind::kProof);
+  proof.proof = auth::prove(token, store_wire::kAuthContext, auth::Role::kClient, client_nonce,
+                            server_nonce);
+  return proof;
+}
+
+// Every store connection's first message: the client's HELLO (the common flow of
+// comm/common/handshake.h, in the store's frames).
 TEST(SecurityStoreProtocol, AuthMessagesRoundTripAndRefuseGarbage) {
-  store_wire::AuthMessage proof;
-  proof.kind = store_wire::AuthKind::kClientProof;
-  proof.nonce = auth::make_nonce();
-  proof.proof = auth::prove("t", store_wire::kAuthContext, auth::Role::kClient, proof.nonce,
-                            auth::make_nonce());
-  Bytes frame = store_wire::encode_auth(proof);
-  store_wire::AuthMessage back;
+  handshake::Message hello = store_wire::hello_message(auth::make_nonce());
+  handshake::Message proof = client_proof("t", hello.nonce, auth::make_nonce());
+  handshake::Message back;
   std::string reason;
-  ASSERT_TRUE(store_wire::decode_auth(std::span(frame).subspan(4), &back, &reason)) << reason;
-  EXPECT_EQ(back.kind, store_wire::AuthKind::kClientProof);
-  EXPECT_EQ(back.nonce, proof.nonce);
-  EXPECT_EQ(back.proof, proof.proof);
-  // Every truncation is refused.
-  for (size_t n = 4; n < frame.size(); ++n) {
-    EXPECT_FALSE(store_wire::decode_auth(std::span(frame).subspan(4, n - 4), &back, &reason));
+  for (const handshake::Message& m : {hello, proof}) {
+    Bytes frame = store_wire::encode_auth(m);
+    ASSERT_TRUE(store_wire::decode_auth(std::span(frame).subspan(4), &back, &reason)) << reason;
+    EXPECT_EQ(back.kind, m.kind);
+    EXPECT_EQ(back.nonce, m.nonce);
+    EXPECT_EQ(back.proof, m.proof);
+    EXPECT_EQ(back.fields, m.fields);
+    // Every truncation is refused.
+    for (size_t n = 4; n < frame.size(); ++n) {
+      EXPECT_FALSE(store_wire::decode_auth(std::span(frame).subspan(4, n - 4), &back, &reason));
+    }
   }
+  // The store's HELLO field is its auth version, checked by its hook.
+  std::string context;
+  EXPECT_TRUE(store_wire::check_hello_fields(hello.fields, &context, &reason)) << reason;
+  EXPECT_EQ(context, store_wire::kAuthContext);
+  handshake::Message v1 = store_wire::hello_message(auth::make_nonce(), 1);
+  EXPECT_FALSE(store_wire::check_hello_fields(v1.fields, &context, &reason));
+  EXPECT_EQ(reason, "authentication version differs (client 1, here 2)");
+  // A version-1 server's first frame, SERVER_HELLO, is named as such.
+  Bytes server_hello(1 + 4 + auth::kNonceBytes, 0);
+  server_hello[0] = 0xA1;
+  server_hello[1] = 1;
+  EXPECT_FALSE(store_wire::decode_auth(server_hello, &back, &reason));
+  EXPECT_TRUE(contains(reason, "got a SERVER_HELLO of authentication version 1")) << reason;
   // A request where the authentication belongs, and a hostile message length.
   store_wire::Request set;
   set.op = store_wire::Op::kSet;
@@ -109,14 +145,11 @@ TEST(SecurityStore, WrongTokenIsRefusedLoggedAndWritesNothing) {
   // A raw client that fails the proof and sends a SET right behind it: the set must not
   // land, the server closes the connection instead.
   net::Fd raw = net::connect_to(kLoopback, server.port(), Deadline(10s), "raw client");
-  store_wire::AuthMessage hello = read_auth(raw.get());
-  ASSERT_EQ(hello.kind, store_wire::AuthKind::kServerHello);
-  store_wire::AuthMessage proof;
-  proof.kind = store_wire::AuthKind::kClientProof;
-  proof.nonce = auth::make_nonce();
-  proof.proof = auth::prove("wrong", store_wire::kAuthContext, auth::Role::kClient, proof.nonce,
-                            hello.nonce);
-  Bytes frames = store_wire::encode_auth(proof);
+  handshake::Message hello = store_wire::hello_message(auth::make_nonce());
+  send_auth(raw.get(), hello);
+  handshake::Message challenge = read_auth(raw.get());
+  ASSERT_EQ(challenge.kind, Kind::kChallenge);
+  Bytes frames = store_wire::encode_auth(client_proof("wrong", hello.nonce, challenge.nonce));
   store_wire::Request set;
   set.op = store_wire::Op::kSet;
   set.key = "stolen";
@@ -124,14 +157,14 @@ TEST(SecurityStore, WrongTokenIsRefusedLoggedAndWritesNothing) {
   Bytes request = store_wire::encode_request(set);
   frames.insert(frames.end(), request.begin(), request.end());
   send_bytes(raw.get(), frames);
-  store_wire::AuthMessage answer = read_auth(raw.get());
+  handshake::Message answer = read_auth(raw.get());
   bool closed = closed_by_peer(raw.get(), 10s);
   std::string log = testing::internal::GetCapturedStderr();
 
   EXPECT_TRUE(contains(message, where + " refused this process")) << message;
   EXPECT_TRUE(contains(message, "job token differs (CHORUS_JOB_TOKEN)")) << message;
-  EXPECT_EQ(answer.kind, store_wire::AuthKind::kRefused);
-  EXPECT_EQ(answer.message, "job token differs (CHORUS_JOB_TOKEN)");
+  EXPECT_EQ(answer.kind, Kind::kRefused);
+  EXPECT_EQ(answer.refusal, "job token differs (CHORUS_JOB_TOKEN)");
   EXPECT_TRUE(closed);
   if (warnings_logged()) {
     EXPECT_TRUE(contains(log, "refused connection from 127.0.0.1:")) << log;
@@ -231,6 +264,36 @@ TEST(SecurityStore, UnauthenticatedConnectionsAreDroppedAndOthersServed) {
   }
 }
 
+// Peers of authentication version 1, whose server spoke first, get words that say
+// what happened rather than garbage: a version-1 client, waiting for the server, is
+// refused at the authentication timeout with a REFUSED it can read (its code and layout
+// did not change), and a version-1 server's SERVER_HELLO is named by this client.
+TEST(SecurityStore, PeersOfAuthVersion1AreToldWhy) {
+  TcpStoreServer server(kLoopback, 0, server_options("t", 300ms));
+  net::Fd old_client = net::connect_to(kLoopback, server.port(), Deadline(10s), "v1 client");
+  handshake::Message refusal = read_auth(old_client.get());
+  EXPECT_EQ(refusal.kind, Kind::kRefused);
+  EXPECT_TRUE(contains(refusal.refusal, "did not prove the job token within 300 ms (it sent no "
+                                        "HELLO: a chorus client older than authentication "
+                                        "version 2 waits for the server to speak first)"))
+      << refusal.refusal;
+
+  net::Fd listener = net::listen_on(kLoopback, 0);
+  uint16_t port = net::local_address(listener.get()).port();
+  std::thread old_server([&] {
+    net::Fd fd = net::accept_before(listener.get(), Deadline(10s), nullptr);
+    if (!fd.valid()) return;
+    Bytes server_hello = {37, 0, 0, 0, 0xA1, 1, 0, 0, 0};  // SERVER_HELLO, version 1
+    server_hello.resize(server_hello.size() + auth::kNonceBytes, 7);
+    send_bytes(fd.get(), server_hello);
+    closed_by_peer(fd.get(), 10s);
+  });
+  std::string message =
+      error_of<StoreError>([&] { TcpStore(kLoopback, port, 10s, std::string("t")); });
+  old_server.join();
+  EXPECT_TRUE(contains(message, "got a SERVER_HELLO of authentication version 1")) << message;
+}
+
 // The client checks the server's proof too: a listener that does not hold the token
 // (another job's store, an impostor) is not trusted with a request.
 TEST(SecurityStore, ClientRefusesAServerWithoutTheToken) {
@@ -240,15 +303,14 @@ TEST(SecurityStore, ClientRefusesAServerWithoutTheToken) {
   std::thread impostor([&] {
     net::Fd fd = net::accept_before(listener.get(), Deadline(10s), nullptr);
     if (!fd.valid()) return;
-    store_wire::AuthMessage hello;
-    hello.kind = store_wire::AuthKind::kServerHello;
-    hello.nonce = auth::make_nonce();
-    send_bytes(fd.get(), store_wire::encode_auth(hello));
-    read_auth(fd.get());
-    store_wire::AuthMessage answer;
-    answer.kind = store_wire::AuthKind::kServerProof;
+    read_auth(fd.get());  // HELLO
+    handshake::Message challenge = of_kind(Kind::kChallenge);
+    challenge.nonce = auth::make_nonce();
+    send_auth(fd.get(), challenge);
+    read_auth(fd.get());  // PROOF
+    handshake::Message answer = of_kind(Kind::kAccepted);
     answer.proof = auth::Proof{};  // it cannot compute the right one
-    send_bytes(fd.get(), store_wire::encode_auth(answer));
+    send_auth(fd.get(), answer);
     uint8_t byte;
     try {
       net::read_full(fd.get(), &byte, 1, Deadline(3s), "impostor");
@@ -274,16 +336,15 @@ TEST(SecurityStore, TokenIsNeverOnTheWire) {
   std::thread recorder([&] {
     net::Fd fd = net::accept_before(listener.get(), Deadline(10s), nullptr);
     ASSERT_TRUE(fd.valid());
-    store_wire::AuthMessage hello;
-    hello.kind = store_wire::AuthKind::kServerHello;
-    hello.nonce = auth::make_nonce();
-    send_bytes(fd.get(), store_wire::encode_auth(hello));
-    store_wire::AuthMessage proof = read_auth(fd.get(), &from_client);
-    store_wire::AuthMessage answer;
-    answer.kind = store_wire::AuthKind::kServerProof;
-    answer.proof = auth::prove(token, store_wire::kAuthContext, auth::Role::kServer, proof.nonce,
-                               hello.nonce);
-    send_bytes(fd.get(), store_wire::encode_auth(answer));
+    handshake::Message hello = read_auth(fd.get(), &from_client);
+    handshake::Message challenge = of_kind(Kind::kChallenge);
+    challenge.nonce = auth::make_nonce();
+    send_auth(fd.get(), challenge);
+    read_auth(fd.get(), &from_client);  // PROOF
+    handshake::Message answer = of_kind(Kind::kAccepted);
+    answer.proof = auth::prove(token, store_wire::kAuthContext, auth::Role::kServer, hello.nonce,
+                               challenge.nonce);
+    send_auth(fd.get(), answer);
     Bytes request;
     read_store_frame(fd.get(), &request);
     from_client.insert(from_client.end(), request.begin(), request.end());
@@ -303,14 +364,12 @@ TEST(SecurityStore, TokenIsNeverOnTheWire) {
   TcpStoreServer server(kLoopback, 0, server_options(token));
   net::Fd raw = net::connect_to(kLoopback, server.port(), Deadline(10s), "raw");
   Bytes from_server;
-  store_wire::AuthMessage hello = read_auth(raw.get(), &from_server);
-  store_wire::AuthMessage proof;
-  proof.kind = store_wire::AuthKind::kClientProof;
-  proof.nonce = auth::make_nonce();
-  proof.proof =
-      auth::prove(token, store_wire::kAuthContext, auth::Role::kClient, proof.nonce, hello.nonce);
-  send_bytes(raw.get(), store_wire::encode_auth(proof));
-  EXPECT_EQ(read_auth(raw.get(), &from_server).kind, store_wire::AuthKind::kServerProof);
+  handshake::Message hello = store_wire::hello_message(auth::make_nonce());
+  send_auth(raw.get(), hello);
+  handshake::Message challenge = read_auth(raw.get(), &from_server);
+  ASSERT_EQ(challenge.kind, Kind::kChallenge);
+  send_auth(raw.get(), client_proof(token, hello.nonce, challenge.nonce));
+  EXPECT_EQ(read_auth(raw.get(), &from_server).kind, Kind::kAccepted);
   EXPECT_FALSE(contains_bytes(from_server, token));
 }
 

@@ -20,6 +20,7 @@
 #include "chorus/communicator.h"
 #include "chorus/error.h"
 #include "comm/common/auth.h"
+#include "comm/common/handshake.h"
 #include "comm/common/logging.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
@@ -882,28 +883,25 @@ class SilentServer {
       ready_.notify_all();
     }
   }
-  // The server's side of tcp_store_protocol.h's authentication.
+  // The server's side of tcp_store_protocol.h's authentication (the common flow's).
   static void authenticate(int fd) {
-    store_wire::AuthMessage hello;
-    hello.kind = store_wire::AuthKind::kServerHello;
-    hello.nonce = auth::make_nonce();
-    Bytes frame = store_wire::encode_auth(hello);
-    net::write_full(fd, frame.data(), frame.size(), Deadline(10s), "silent server");
-    uint8_t prefix[4];
-    net::read_full(fd, prefix, 4, Deadline(10s), "silent server");
-    Bytes payload(store_wire::read_length_prefix(prefix));
-    ASSERT_LE(payload.size(), store_wire::kMaxAuthFrameBytes);
-    net::read_full(fd, payload.data(), payload.size(), Deadline(10s), "silent server");
-    store_wire::AuthMessage proof;
-    std::string reason;
-    ASSERT_TRUE(store_wire::decode_auth(payload, &proof, &reason)) << reason;
-    ASSERT_EQ(proof.kind, store_wire::AuthKind::kClientProof);
-    store_wire::AuthMessage answer;
-    answer.kind = store_wire::AuthKind::kServerProof;
-    answer.proof = auth::prove(settings::job_token(), store_wire::kAuthContext,
-                               auth::Role::kServer, proof.nonce, hello.nonce);
-    frame = store_wire::encode_auth(answer);
-    net::write_full(fd, frame.data(), frame.size(), Deadline(10s), "silent server");
+    handshake::Server server(settings::job_token());
+    for (int message = 0; message < 2; ++message) {  // HELLO, then PROOF
+      uint8_t prefix[4];
+      net::read_full(fd, prefix, 4, Deadline(10s), "silent server");
+      Bytes payload(store_wire::read_length_prefix(prefix));
+      ASSERT_LE(payload.size(), store_wire::kMaxAuthFrameBytes);
+      net::read_full(fd, payload.data(), payload.size(), Deadline(10s), "silent server");
+      handshake::Message in;
+      std::string reason;
+      ASSERT_TRUE(store_wire::decode_auth(payload, &in, &reason)) << reason;
+      std::optional<handshake::Message> answer = server.take(in, store_wire::check_hello_fields);
+      if (server.stage() == handshake::Server::Stage::kProved) answer = server.accept();
+      ASSERT_TRUE(answer.has_value());
+      Bytes frame = store_wire::encode_auth(*answer);
+      net::write_full(fd, frame.data(), frame.size(), Deadline(10s), "silent server");
+    }
+    ASSERT_TRUE(server.accepted()) << server.refusal();
   }
 
   net::Fd listen_;

@@ -82,7 +82,9 @@ TEST(SecurityHandshake, MessagesRoundTripAndEveryTruncationIsRefused) {
   EXPECT_TRUE(contains(reason, "after its last field")) << reason;
   // A communicator id whose length field is hostile.
   std::vector<uint8_t> hostile = m;
-  size_t id_length_at = tcp::kHeaderBytes + 16;
+  // After the header, the length of the HELLO fields (comm/common/handshake.h), then
+  // byte order, ranks and size.
+  size_t id_length_at = tcp::kHeaderBytes + 4 + 16;
   hostile[id_length_at + 3] = 0x7f;
   EXPECT_FALSE(tcp::decode_hello(hostile, &back, &reason));
   EXPECT_TRUE(contains(reason, "communicator id of")) << reason;

@@ -36,7 +36,7 @@ struct Acceptor::Pending {
   ServerHandshake handshake;
   Deadline deadline;
   bool refusing = false;  // refused when accepted (and logged then)
-  int claim = -1;         // the rank it authenticated as, while its VERDICT is sent
+  int claim = -1;         // the rank it authenticated as, while its ACCEPTED is sent
   bool done = false;
 };
 
@@ -197,7 +197,7 @@ void Acceptor::serve(Pending& p) {
     --missing_;
     p.done = true;
   } else if (status == ServerHandshake::Status::kRefused) {
-    if (p.claim >= 0) claimed_[p.claim] = false;  // its VERDICT could not be sent
+    if (p.claim >= 0) claimed_[p.claim] = false;  // its ACCEPTED could not be sent
     if (!p.refusing) refused(p.from, p.handshake.refusal());
     p.done = true;
   }

@@ -86,7 +86,7 @@ class Acceptor {
 
   // The thread's own until it ends.
   std::vector<net::Fd> in_;
-  std::vector<bool> claimed_;  // authenticated: their VERDICT is being sent or was
+  std::vector<bool> claimed_;  // authenticated: their ACCEPTED is being sent or was
   int missing_ = 0;
   std::vector<std::unique_ptr<Pending>> pending_;  // in the order they were accepted
   std::string last_refusal_;

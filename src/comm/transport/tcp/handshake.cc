@@ -14,40 +14,25 @@
 namespace chorus::transport::tcp {
 namespace {
 
-const char* kind_name(MessageKind kind) {
-  switch (kind) {
-    case MessageKind::kHello:
-      return "HELLO";
-    case MessageKind::kChallenge:
-      return "CHALLENGE";
-    case MessageKind::kProof:
-      return "PROOF";
-    case MessageKind::kVerdict:
-      return "VERDICT";
-  }
-  return "unknown";
+// The common flow's kinds on this protocol's wire: 1 to 5 in the header.
+MessageKind wire_kind(handshake::Kind kind) {
+  return static_cast<MessageKind>(static_cast<uint16_t>(kind) + 1);
+}
+handshake::Kind common_kind(MessageKind kind) {
+  return static_cast<handshake::Kind>(static_cast<uint16_t>(kind) - 1);
+}
+
+const char* kind_name(MessageKind kind) { return handshake::kind_name(common_kind(kind)); }
+
+// "a HELLO", "an ACCEPTED".
+std::string a(MessageKind kind) {
+  return (kind == MessageKind::kAccepted ? "an " : "a ") + std::string(kind_name(kind));
 }
 
 using wire::get_le;
 
 uint16_t get_u16(const uint8_t* p) { return static_cast<uint16_t>(get_le(p, 2)); }
 uint32_t get_u32(const uint8_t* p) { return static_cast<uint32_t>(get_le(p, 4)); }
-
-// A message's writer with its header written, the payload length still to fill in
-// (framed()).
-wire::Writer start(MessageKind kind) {
-  wire::Writer w;
-  w.u32(kHelloMagic);
-  w.u16(static_cast<uint16_t>(kProtocolVersion));
-  w.u16(static_cast<uint16_t>(kind));
-  w.u32(0);
-  return w;
-}
-
-std::vector<uint8_t> framed(wire::Writer& w) {
-  w.u32_at(8, static_cast<uint32_t>(w.size() - kHeaderBytes));
-  return w.take();
-}
 
 // The reason of a decoder that read all its fields; `message` names it.
 bool finish(wire::Reader& in, const char* message, std::string* reason) {
@@ -64,7 +49,7 @@ bool payload_of(std::span<const uint8_t> message, MessageKind want,
   uint32_t length = 0;
   if (!decode_header(message, &kind, &length, reason)) return false;
   if (kind != want) {
-    *reason = std::string("expected a ") + kind_name(want) + " message, got a " + kind_name(kind);
+    *reason = "expected " + a(want) + " message, got " + a(kind);
     return false;
   }
   if (message.size() - kHeaderBytes != length) {
@@ -77,40 +62,84 @@ bool payload_of(std::span<const uint8_t> message, MessageKind want,
   return true;
 }
 
+// A whole message of kind `want`, its body decoded by the common flow.
+bool decode_as(std::span<const uint8_t> message, MessageKind want, handshake::Message* out,
+               std::string* reason) {
+  std::span<const uint8_t> payload;
+  if (!payload_of(message, want, &payload, reason)) return false;
+  wire::Reader in(payload);
+  handshake::decode_body(common_kind(want), in, out);
+  return finish(in, kind_name(want), reason);
+}
+
+handshake::Message of_kind(handshake::Kind kind) {
+  handshake::Message m;
+  m.kind = kind;
+  return m;
+}
+
 }  // namespace
 
-std::vector<uint8_t> encode_hello(const Hello& h) {
-  wire::Writer w = start(MessageKind::kHello);
+std::vector<uint8_t> encode_message(const handshake::Message& m) {
+  wire::Writer w;
+  w.u32(kHelloMagic);
+  w.u16(static_cast<uint16_t>(kProtocolVersion));
+  w.u16(static_cast<uint16_t>(wire_kind(m.kind)));
+  w.u32(0);
+  handshake::encode_body(m, w);
+  w.u32_at(8, static_cast<uint32_t>(w.size() - kHeaderBytes));
+  return w.take();
+}
+
+std::vector<uint8_t> hello_fields(const Hello& h) {
+  wire::Writer w;
   w.u32(h.endian);
   w.u32(static_cast<uint32_t>(h.from_rank));
   w.u32(static_cast<uint32_t>(h.to_rank));
   w.u32(static_cast<uint32_t>(h.size));
   w.text(std::string_view(h.comm_id).substr(0, kMaxHelloString));
-  w.array(h.nonce);
-  return framed(w);
+  return w.take();
+}
+
+bool decode_hello_fields(std::span<const uint8_t> fields, Hello* out, std::string* reason) {
+  wire::Reader in(fields);
+  uint32_t from = 0, to = 0, size = 0;
+  out->version = kProtocolVersion;
+  in.u32("byte order", &out->endian);
+  in.u32("rank", &from);
+  in.u32("target rank", &to);
+  in.u32("size", &size);
+  in.text("communicator id", kMaxHelloString, &out->comm_id);
+  out->from_rank = static_cast<int32_t>(from);
+  out->to_rank = static_cast<int32_t>(to);
+  out->size = static_cast<int32_t>(size);
+  return finish(in, "HELLO", reason);
+}
+
+std::vector<uint8_t> encode_hello(const Hello& h) {
+  handshake::Message m = of_kind(handshake::Kind::kHello);
+  m.fields = hello_fields(h);
+  m.nonce = h.nonce;
+  return encode_message(m);
 }
 
 std::vector<uint8_t> encode_challenge(const Challenge& c) {
-  wire::Writer w = start(MessageKind::kChallenge);
-  w.array(c.nonce);
-  return framed(w);
+  handshake::Message m = of_kind(handshake::Kind::kChallenge);
+  m.nonce = c.nonce;
+  return encode_message(m);
 }
 
 std::vector<uint8_t> encode_proof(const ProofMessage& p) {
-  wire::Writer w = start(MessageKind::kProof);
-  w.array(p.proof);
-  return framed(w);
+  handshake::Message m = of_kind(handshake::Kind::kProof);
+  m.proof = p.proof;
+  return encode_message(m);
 }
 
 std::vector<uint8_t> encode_verdict(const Verdict& v) {
-  wire::Writer w = start(MessageKind::kVerdict);
-  w.u8(v.accepted ? 1 : 0);
-  if (v.accepted) {
-    w.array(v.proof);
-  } else {
-    w.text(std::string_view(v.refusal).substr(0, kMaxHelloString));
-  }
-  return framed(w);
+  if (!v.accepted) return encode_message(handshake::refused(v.refusal));
+  handshake::Message m = of_kind(handshake::Kind::kAccepted);
+  m.proof = v.proof;
+  return encode_message(m);
 }
 
 bool decode_header(std::span<const uint8_t> header, MessageKind* kind, uint32_t* payload_length,
@@ -132,7 +161,7 @@ bool decode_header(std::span<const uint8_t> header, MessageKind* kind, uint32_t*
   }
   uint16_t k = get_u16(header.data() + 6);
   if (k < static_cast<uint16_t>(MessageKind::kHello) ||
-      k > static_cast<uint16_t>(MessageKind::kVerdict)) {
+      k > static_cast<uint16_t>(MessageKind::kRefused)) {
     *reason = "unknown handshake message kind " + std::to_string(k);
     return false;
   }
@@ -147,56 +176,47 @@ bool decode_header(std::span<const uint8_t> header, MessageKind* kind, uint32_t*
   return true;
 }
 
+bool decode_message(std::span<const uint8_t> message, handshake::Message* out,
+                    std::string* reason) {
+  MessageKind kind{};
+  uint32_t length = 0;
+  if (!decode_header(message, &kind, &length, reason)) return false;
+  return decode_as(message, kind, out, reason);
+}
+
 bool decode_hello(std::span<const uint8_t> message, Hello* out, std::string* reason) {
-  std::span<const uint8_t> payload;
-  if (!payload_of(message, MessageKind::kHello, &payload, reason)) return false;
-  wire::Reader in(payload);
-  uint32_t from = 0, to = 0, size = 0;
-  out->version = kProtocolVersion;
-  in.u32("byte order", &out->endian);
-  in.u32("rank", &from);
-  in.u32("target rank", &to);
-  in.u32("size", &size);
-  in.text("communicator id", kMaxHelloString, &out->comm_id);
-  in.array("nonce", &out->nonce);
-  out->from_rank = static_cast<int32_t>(from);
-  out->to_rank = static_cast<int32_t>(to);
-  out->size = static_cast<int32_t>(size);
-  return finish(in, "HELLO", reason);
+  handshake::Message m;
+  if (!decode_as(message, MessageKind::kHello, &m, reason)) return false;
+  out->nonce = m.nonce;
+  return decode_hello_fields(m.fields, out, reason);
 }
 
 bool decode_challenge(std::span<const uint8_t> message, Challenge* out, std::string* reason) {
-  std::span<const uint8_t> payload;
-  if (!payload_of(message, MessageKind::kChallenge, &payload, reason)) return false;
-  wire::Reader in(payload);
-  in.array("nonce", &out->nonce);
-  return finish(in, "CHALLENGE", reason);
+  handshake::Message m;
+  if (!decode_as(message, MessageKind::kChallenge, &m, reason)) return false;
+  out->nonce = m.nonce;
+  return true;
 }
 
 bool decode_proof(std::span<const uint8_t> message, ProofMessage* out, std::string* reason) {
-  std::span<const uint8_t> payload;
-  if (!payload_of(message, MessageKind::kProof, &payload, reason)) return false;
-  wire::Reader in(payload);
-  in.array("proof", &out->proof);
-  return finish(in, "PROOF", reason);
+  handshake::Message m;
+  if (!decode_as(message, MessageKind::kProof, &m, reason)) return false;
+  out->proof = m.proof;
+  return true;
 }
 
 bool decode_verdict(std::span<const uint8_t> message, Verdict* out, std::string* reason) {
-  std::span<const uint8_t> payload;
-  if (!payload_of(message, MessageKind::kVerdict, &payload, reason)) return false;
-  wire::Reader in(payload);
-  uint8_t accepted = 0;
-  if (in.u8("verdict", &accepted) && accepted > 1) {
-    in.fail("verdict " + std::to_string(accepted) + " is neither 0 (refused) nor 1 (accepted)");
+  MessageKind kind = MessageKind::kAccepted;
+  uint32_t length = 0;
+  if (decode_header(message, &kind, &length, reason) && kind != MessageKind::kRefused) {
+    kind = MessageKind::kAccepted;  // anything else is refused as not ACCEPTED
   }
-  out->accepted = accepted == 1;
-  out->refusal.clear();
-  if (out->accepted) {
-    in.array("proof", &out->proof);
-  } else {
-    in.text("refusal", kMaxHelloString, &out->refusal);
-  }
-  return finish(in, "VERDICT", reason);
+  handshake::Message m;
+  if (!decode_as(message, kind, &m, reason)) return false;
+  out->accepted = m.kind == handshake::Kind::kAccepted;
+  out->proof = m.proof;
+  out->refusal = m.refusal;
+  return true;
 }
 
 std::string proof_context(const std::string& comm_id, int from_rank, int to_rank, int size) {
@@ -250,49 +270,43 @@ MessageKind kind_of(std::span<const uint8_t> message) {
   return static_cast<MessageKind>(get_u16(message.data() + 6));
 }
 
-namespace {
-
-// The proofs of the connection `hello` asks for.
-handshake::Proofs proofs_for(const Hello& hello, const std::string& token) {
-  return handshake::Proofs(
-      token, proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size));
-}
-
-}  // namespace
-
 void client_handshake(int fd, const Hello& hello, const std::string& token,
                       const Deadline& deadline, const std::string& what) {
-  std::string reason;
-  send_message(fd, encode_hello(hello), deadline, what + ": sending the handshake");
-  std::vector<uint8_t> message = read_message(fd, deadline, what + ": waiting for the challenge");
-  auto refused = [&](const std::vector<uint8_t>& m) {
-    Verdict verdict;
-    if (!decode_verdict(m, &verdict, &reason)) throw PeerError(what + ": " + reason);
-    if (verdict.accepted) {
-      throw PeerError(what + ": the peer accepted the connection before any proof of the job "
-                             "token (not a chorus peer of this version)");
-    }
-    throw PeerError(what + ": the peer refused the connection: " + verdict.refusal);
+  handshake::Client client(
+      token, proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size),
+      hello.nonce);
+  bool challenged = false;
+  auto send = [&](const handshake::Message& m) {
+    send_message(fd, encode_message(m), deadline,
+                 what + (m.kind == handshake::Kind::kHello
+                             ? ": sending the handshake"
+                             : ": sending the proof of the job token"));
   };
-  if (kind_of(message) == MessageKind::kVerdict) refused(message);
-  Challenge challenge;
-  if (!decode_challenge(message, &challenge, &reason)) throw PeerError(what + ": " + reason);
-  handshake::Proofs proofs = proofs_for(hello, token);
-  ProofMessage proof;
-  proof.proof = proofs.client({hello.nonce, challenge.nonce});
-  send_message(fd, encode_proof(proof), deadline, what + ": sending the proof of the job token");
-  message = read_message(fd, deadline, what + ": waiting for the verdict");
-  Verdict verdict;
-  if (!decode_verdict(message, &verdict, &reason)) throw PeerError(what + ": " + reason);
-  if (!verdict.accepted) refused(message);
-  if (!proofs.server_proved({hello.nonce, challenge.nonce}, verdict.proof)) {
-    throw PeerError(handshake::server_unproven(what + ": the peer", "the job token",
-                                               "another process listens at its address?"));
+  auto receive = [&] {
+    std::vector<uint8_t> bytes = read_message(
+        fd, deadline, what + (challenged ? ": waiting for the verdict" : ": waiting for the challenge"));
+    challenged = true;
+    handshake::Message m;
+    std::string reason;
+    if (!decode_message(bytes, &m, &reason)) throw PeerError(what + ": " + reason);
+    return m;
+  };
+  handshake::Client::Step step = handshake::run_client(client, hello_fields(hello), send, receive);
+  switch (step.outcome) {
+    case handshake::Client::Outcome::kAccepted:
+      return;
+    case handshake::Client::Outcome::kRefused:
+      throw PeerError(what + ": the peer refused the connection: " + step.why);
+    case handshake::Client::Outcome::kUnproven:
+      throw PeerError(handshake::server_unproven(what + ": the peer", "the job token",
+                                                 "another process listens at its address?"));
+    default:
+      throw PeerError(what + ": " + step.why + " (not a chorus peer of this version)");
   }
 }
 
 ServerHandshake::ServerHandshake(int fd, const Expected& expected)
-    : fd_(fd), expected_(&expected) {}
+    : fd_(fd), expected_(&expected), server_(expected.token) {}
 
 ServerHandshake ServerHandshake::refusal(int fd, const Expected& expected, std::string why) {
   ServerHandshake handshake(fd, expected);
@@ -320,7 +334,7 @@ std::string ServerHandshake::waiting_for() const {
     case Stage::kProof:
       return "handshake: waiting for the proof of the job token";
     case Stage::kVerdict:
-      return "handshake: sending the verdict";
+      return "handshake: sending the acceptance";
     default:
       return "handshake: sending a refusal";
   }
@@ -389,46 +403,59 @@ int ServerHandshake::send_queued() {
 }
 
 void ServerHandshake::on_message() {
-  std::vector<uint8_t> message;
-  message.swap(in_);
+  std::vector<uint8_t> bytes;
+  bytes.swap(in_);
   header_read_ = false;
   want_ = kHeaderBytes;
   if (refuse_after_read_) return refuse(*refuse_after_read_);
+  const char* expected = stage_ == Stage::kHello ? "malformed hello: " : "malformed proof: ";
+  handshake::Message message;
   std::string reason;
-  if (stage_ == Stage::kHello) {
-    if (!decode_hello(message, &hello_, &reason)) return refuse("malformed hello: " + reason);
-    if (auto mismatch = check_hello(hello_, *expected_)) return refuse(*mismatch);
-    challenge_.nonce = auth::make_nonce();
-    return queue(encode_challenge(challenge_), Stage::kChallenge);
+  if (!decode_message(bytes, &message, &reason)) return refuse(expected + reason);
+  // This protocol's hook: its own HELLO fields, checked, and the context of the proofs.
+  auto check = [this](std::span<const uint8_t> fields, std::string* context, std::string* why) {
+    std::string malformed;
+    if (!decode_hello_fields(fields, &hello_, &malformed)) {
+      *why = "malformed hello: " + malformed;
+      return false;
+    }
+    if (auto mismatch = check_hello(hello_, *expected_)) {
+      *why = *mismatch;
+      return false;
+    }
+    *context = proof_context(hello_.comm_id, hello_.from_rank, hello_.to_rank, hello_.size);
+    return true;
+  };
+  std::optional<handshake::Message> answer = server_.take(message, check);
+  switch (server_.stage()) {
+    case handshake::Server::Stage::kProof:
+      hello_.nonce = message.nonce;
+      return queue(*answer, Stage::kChallenge);
+    case handshake::Server::Stage::kProved:
+      stage_ = Stage::kDecide;
+      status_ = Status::kAuthenticated;
+      return;
+    default:
+      refusal_ = server_.refusal();
+      return queue(*answer, Stage::kRefusal);
   }
-  ProofMessage proof;
-  if (!decode_proof(message, &proof, &reason)) return refuse("malformed proof: " + reason);
-  if (!proofs_for(hello_, expected_->token).client_proved({hello_.nonce, challenge_.nonce},
-                                                           proof.proof)) {
-    return refuse(auth::kTokenMismatch);
-  }
-  stage_ = Stage::kDecide;
-  status_ = Status::kAuthenticated;
 }
 
 void ServerHandshake::accept() {
-  Verdict verdict;
-  verdict.accepted = true;
-  verdict.proof = proofs_for(hello_, expected_->token).server({hello_.nonce, challenge_.nonce});
   status_ = Status::kBusy;
-  queue(encode_verdict(verdict), Stage::kVerdict);
+  handshake::Message answer = server_.accept();
+  if (!server_.accepted()) refusal_ = server_.refusal();
+  queue(answer, server_.accepted() ? Stage::kVerdict : Stage::kRefusal);
 }
 
 void ServerHandshake::refuse(const std::string& why) {
   refusal_ = why;
-  Verdict verdict;
-  verdict.refusal = why;
   status_ = Status::kBusy;
-  queue(encode_verdict(verdict), Stage::kRefusal);
+  queue(server_.refuse(why), Stage::kRefusal);
 }
 
-void ServerHandshake::queue(std::vector<uint8_t> message, Stage stage) {
-  out_ = std::move(message);
+void ServerHandshake::queue(const handshake::Message& message, Stage stage) {
+  out_ = encode_message(message);
   sent_ = 0;
   stage_ = stage;
 }
@@ -438,9 +465,7 @@ void ServerHandshake::give_up(const std::string& why) {
   if (stage_ != Stage::kRefusal) refusal_ = why;
   // A message half sent cannot be followed by a refusal the client could read.
   if (sent_ == out_.size()) {
-    Verdict verdict;
-    verdict.refusal = refusal_;
-    std::vector<uint8_t> message = encode_verdict(verdict);
+    std::vector<uint8_t> message = encode_message(handshake::refused(refusal_));
     ssize_t ignored = ::send(fd_, message.data(), message.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)ignored;
   }

@@ -1,23 +1,28 @@
-// The first bytes on every TCP data connection: a mutual challenge-response on the job
-// token (comm/common/auth.h) bound to the communicator and the two ranks. Each
-// connection carries frames one way, from the connecting rank (the client) to the
-// accepting rank (the server); every pair of ranks has two:
+// The first bytes on every TCP data connection: the job token's handshake of
+// comm/common/handshake.h (one flow for store and data connections), in this
+// protocol's framing, with its own HELLO fields and their check. Each connection
+// carries frames one way, from the connecting rank (the client) to the accepting rank
+// (the server); every pair of ranks has two:
 //
 //   client -> server  HELLO      byte order check, from rank, to rank, world size,
-//                                communicator id, client nonce
-//   server -> client  CHALLENGE  server nonce                 (or VERDICT: refused, why)
+//                                communicator id; client nonce
+//   server -> client  CHALLENGE  server nonce                 (or REFUSED: why)
 //   client -> server  PROOF      the client's proof
-//   server -> client  VERDICT    accepted + the server's proof, or refused + why
+//   server -> client  ACCEPTED   the server's proof           (or REFUSED: why)
 //
-// The server checks every HELLO field and refuses a mismatch with a message naming the
-// field; then it checks the client's proof, and only a client that proved the token
-// gets the server's proof. The client checks that proof before it uses the connection.
+// The server checks every HELLO field (check_hello, the hook of the common flow) and
+// refuses a mismatch with a message naming the field; then it checks the client's
+// proof, and only a client that proved the token gets the server's proof. The client
+// checks that proof before it uses the connection. Both proofs are bound to
+// proof_context(): the protocol version, the communicator, both ranks and the size.
 // The job token is never sent.
 //
-// Every message is a header — u32 magic "CHRS", u16 protocol version, u16 kind, u32
-// payload length — and its payload; integers are little-endian. A payload is at most
-// kMaxPayload bytes and a string at most kMaxHelloString, both checked before anything
-// is allocated.
+// Every message is a header — u32 magic "CHRS", u16 protocol version, u16 kind
+// (MessageKind), u32 payload length — and its payload, the body of
+// comm/common/handshake.h; integers are little-endian. A payload is at most kMaxPayload
+// bytes and a string at most kMaxHelloString, both checked before anything is
+// allocated. A peer of another protocol version is refused by the header's version
+// ("protocol version differs (peer 3, here 4)").
 #pragma once
 
 #include <cstdint>
@@ -29,11 +34,14 @@
 
 #include "comm/common/auth.h"
 #include "comm/common/deadline.h"
+#include "comm/common/handshake.h"
 
 namespace chorus::transport::tcp {
 
 inline constexpr uint32_t kHelloMagic = 0x43485253;  // "CHRS"
-inline constexpr uint32_t kProtocolVersion = 3;  // 3: one connection per direction
+// 3: one connection per direction; 4: the common handshake flow (ACCEPTED and REFUSED
+// instead of VERDICT; proofs bound to "chorus-tcp-v4").
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr uint32_t kEndianCheck = 0x01020304;
 inline constexpr size_t kMaxHelloString = 1024;
 inline constexpr size_t kHeaderBytes = 12;
@@ -43,7 +51,8 @@ enum class MessageKind : uint16_t {
   kHello = 1,
   kChallenge = 2,
   kProof = 3,
-  kVerdict = 4,
+  kAccepted = 4,
+  kRefused = 5,
 };
 
 struct Hello {
@@ -64,6 +73,7 @@ struct ProofMessage {
   auth::Proof proof{};  // the client's
 };
 
+// ACCEPTED (accepted) or REFUSED.
 struct Verdict {
   bool accepted = false;
   auth::Proof proof{};  // the server's, when accepted
@@ -80,7 +90,8 @@ struct Expected {
 
 // ---- Pure encoding and decoding (no I/O; the fuzz targets call these) ----
 
-// Whole messages, header included.
+// Whole messages, header included: any message of the common flow, and each kind.
+std::vector<uint8_t> encode_message(const handshake::Message& message);
 std::vector<uint8_t> encode_hello(const Hello& hello);
 std::vector<uint8_t> encode_challenge(const Challenge& challenge);
 std::vector<uint8_t> encode_proof(const ProofMessage& proof);
@@ -91,7 +102,16 @@ std::vector<uint8_t> encode_verdict(const Verdict& verdict);
 bool decode_header(std::span<const uint8_t> header, MessageKind* kind, uint32_t* payload_length,
                    std::string* reason);
 
-// Decode one whole message (header and payload, nothing after it) of the named kind.
+// Decodes one whole message (header and payload, nothing after it) of any kind.
+bool decode_message(std::span<const uint8_t> message, handshake::Message* out,
+                    std::string* reason);
+// This protocol's HELLO fields (all of Hello but the version, from the header, and the
+// nonce, the common flow's), and their decoding.
+std::vector<uint8_t> hello_fields(const Hello& hello);
+bool decode_hello_fields(std::span<const uint8_t> fields, Hello* out, std::string* reason);
+
+// Decode one whole message (header and payload, nothing after it) of the named kind
+// (a verdict: ACCEPTED or REFUSED).
 // False, with a reason naming the field at fault, for anything malformed: another
 // kind, a bad header, a length that disagrees with the bytes, an oversized string,
 // trailing bytes. Never reads outside `message`; `out` is unspecified on failure.
@@ -119,7 +139,8 @@ std::vector<uint8_t> read_message(int fd, const Deadline& deadline, const std::s
 // The kind of a message read_message() returned.
 MessageKind kind_of(std::span<const uint8_t> message);
 
-// The client's side, on a connected socket: HELLO, CHALLENGE, PROOF, VERDICT. Returns
+// The client's side, on a connected socket (handshake::run_client): HELLO, CHALLENGE,
+// PROOF, ACCEPTED. Returns
 // normally once both sides proved the token. Throws PeerError with the server's
 // refusal (or why its proof failed), TimeoutError when the deadline passes. `what`
 // names the connection ("rank 3 connecting to rank 1 (host h)").
@@ -129,15 +150,16 @@ void client_handshake(int fd, const Hello& hello, const std::string& token,
 // The server's side of one connection as a state machine, so that one thread can run
 // many handshakes at once, each with its own deadline (the acceptor of a mesh,
 // acceptor.h): advance() reads and writes what the socket takes without blocking and
-// says where the handshake stands.
+// says where the handshake stands. The messages' logic is handshake::Server's; this
+// class reads and writes their frames.
 //
 //   reading the HELLO -> sending the CHALLENGE -> reading the PROOF -> kAuthenticated
-//   kAuthenticated: accept() -> sending the VERDICT -> kAccepted
-//                   refuse(why) -> sending the refusal -> kRefused
+//   kAuthenticated: accept() -> sending ACCEPTED -> kAccepted
+//                   refuse(why) -> sending REFUSED -> kRefused
 //
 // The HELLO is checked (check_hello) when it arrives, the proof of the job token when
 // the PROOF does; anything wrong refuses the connection: refusal() says why, naming the
-// field, and a VERDICT saying so is sent when the socket takes it (the caller closes
+// field, and a REFUSED saying so is sent when the socket takes it (the caller closes
 // the socket afterwards either way). Whether a rank is connected twice is the caller's
 // to decide, at kAuthenticated: an impostor without the token never gets that far, so
 // it cannot take a rank's place. The socket is not owned.
@@ -161,8 +183,8 @@ class ServerHandshake {
   // Why the connection was refused, once kRefused.
   const std::string& refusal() const { return refusal_; }
 
-  // At kAuthenticated: sends the accepting VERDICT (with the server's proof), or a
-  // refusal saying `why`.
+  // At kAuthenticated: sends ACCEPTED (with the server's proof), or REFUSED saying
+  // `why`.
   void accept();
   void refuse(const std::string& why);
   // Ends the handshake now (kRefused), saying `why` to the client when its socket
@@ -186,7 +208,7 @@ class ServerHandshake {
   // (kRefused).
   int send_queued();
   void on_message();
-  void queue(std::vector<uint8_t> message, Stage stage);
+  void queue(const handshake::Message& message, Stage stage);
   void finish(Status status);
 
   int fd_;
@@ -199,15 +221,15 @@ class ServerHandshake {
   std::vector<uint8_t> out_;
   size_t sent_ = 0;
   Hello hello_;
-  Challenge challenge_;
+  handshake::Server server_;
   std::string refusal_;
   std::optional<std::string> refuse_after_read_;
 };
 
 // The server's side on one socket, blocking until the deadline (the state machine
 // above, polled; the security tests run it against a socket pair). Returns the client's HELLO when it is acceptable and proved the token
-// (the VERDICT "accepted" is sent); returns nullopt with `*refusal` set when the
-// connection was refused (a VERDICT with the reason was sent when possible; the caller
+// (ACCEPTED is sent); returns nullopt with `*refusal` set when the connection was
+// refused (a REFUSED with the reason was sent when possible; the caller
 // closes it). `duplicate(rank)` says whether that rank is connected already. Throws
 // TimeoutError when the deadline passes first.
 std::optional<Hello> server_handshake(int fd, const Expected& expected,
