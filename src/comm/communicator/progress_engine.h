@@ -47,7 +47,7 @@ class ProgressEngineBase {
 
   // Wakes the progress thread whether it sleeps or naps (an abort, stop()).
   void wake() {
-    queue_signal_.fetch_add(1, std::memory_order_release);
+    queue_signal_.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(queue_signal_);
   }
 
@@ -200,11 +200,8 @@ bool ProgressEngine<Op>::run_queued(const WorkState* until) {
     std::lock_guard<std::mutex> lock(mutex_);
     left_behind = !queue_.empty();
   }
-  if (left_behind && until != nullptr) {
-    // Operations queued behind the helped one must not wait for the next tick.
-    queue_signal_.fetch_add(1, std::memory_order_seq_cst);
-    futex_wake_all(queue_signal_);
-  }
+  // Operations queued behind the helped one must not wait for the next tick.
+  if (left_behind && until != nullptr) wake();
   return true;
 }
 

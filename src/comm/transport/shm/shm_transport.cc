@@ -108,21 +108,13 @@ bool ShmTransport::wait_for(const Request* request, std::chrono::microseconds sl
 
 template <class Pred>
 bool ShmTransport::drive_until(Pred pred, Clock::time_point until) {
-  const int me = group_.local_rank();
-  // Whether a stream with pending work can move: room in a ring this rank writes, bytes
-  // in one it reads.
+  // Whether a stream with pending work can move.
   auto can_move = [&] {
     for (size_t i = 0; i < peers_.size(); ++i) {
       const Peer& p = peers_[i];
-      if (!p.sends.empty()) {
-        ShmGroup::Stream st = group_.stream(me, static_cast<int>(i));
-        if (load(st.head, std::memory_order_relaxed) - load(st.tail, std::memory_order_acquire) < st.capacity) {
-          return true;
-        }
-      }
-      if (!p.recvs.empty()) {
-        ShmGroup::Stream st = group_.stream(static_cast<int>(i), me);
-        if (load(st.head, std::memory_order_acquire) != load(st.tail, std::memory_order_relaxed)) return true;
+      if ((!p.sends.empty() && ring_has_room(static_cast<int>(i))) ||
+          (!p.recvs.empty() && ring_has_bytes(static_cast<int>(i)))) {
+        return true;
       }
     }
     return false;
@@ -137,6 +129,16 @@ bool ShmTransport::drive_until(Pred pred, Clock::time_point until) {
       return pred();
     }
   }
+}
+
+bool ShmTransport::ring_has_room(int i) const {
+  const ShmGroup::Stream st = group_.stream(group_.local_rank(), i);
+  return load(st.head, std::memory_order_relaxed) - load(st.tail, std::memory_order_acquire) < st.capacity;
+}
+
+bool ShmTransport::ring_has_bytes(int i) const {
+  const ShmGroup::Stream st = group_.stream(i, group_.local_rank());
+  return load(st.head, std::memory_order_acquire) != load(st.tail, std::memory_order_relaxed);
 }
 
 bool ShmTransport::progress_all() {
@@ -268,7 +270,6 @@ void ShmTransport::check_against_call(int i, uint8_t code, uint64_t seq, const S
 
 void ShmTransport::check_waits(bool liveness) {
   group_.check_interrupt();
-  const int me = group_.local_rank();
   uint64_t awaited = 0;
   for (size_t i = 0; i < peers_.size(); ++i) {
     const Peer& p = peers_[i];
@@ -280,10 +281,7 @@ void ShmTransport::check_waits(bool liveness) {
                         "while this rank waited for it to " + what + " in shared memory");
     } catch (const PeerError&) {
       // What it wrote before it left is still for this rank to take.
-      const ShmGroup::Stream st = group_.stream(static_cast<int>(i), me);
-      if (p.recvs.empty() || load(st.head, std::memory_order_acquire) == load(st.tail, std::memory_order_relaxed)) {
-        throw;
-      }
+      if (p.recvs.empty() || !ring_has_bytes(static_cast<int>(i))) throw;
     }
     if (!p.recvs.empty()) awaited |= uint64_t{1} << std::min<size_t>(i, 63);
   }

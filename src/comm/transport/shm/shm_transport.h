@@ -99,6 +99,9 @@ class ShmTransport final : public Transport {
   Header header_for(size_t len) const;
   bool done(const Request& r) const;
   bool all_done() const;
+  // Whether the ring to local rank i has room, and whether the one from it has bytes.
+  bool ring_has_room(int i) const;
+  bool ring_has_bytes(int i) const;
   // Moves what can move on every stream with pending work; true when anything did.
   bool progress_all();
   bool progress_sends(int i);
