@@ -4,6 +4,7 @@
 #include "chorus/communicator.h"
 #include "chorus/defaults.h"
 #include "chorus/error.h"
+#include "chorus/shared_memory.h"
 #include "chorus/store.h"
 #include "chorus/topology.h"
 #include "chorus/types.h"

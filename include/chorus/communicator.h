@@ -92,6 +92,7 @@
 #include <vector>
 
 #include "chorus/defaults.h"
+#include "chorus/shared_memory.h"
 #include "chorus/store.h"
 #include "chorus/topology.h"
 #include "chorus/types.h"
@@ -135,6 +136,9 @@ struct CommOptions {
   // kAnyNode: in nodes of any number of ranks (docs/environment.md).
   enum class CrossMemoryAttach : uint8_t { kOff, kPairs, kAnyNode };
   CrossMemoryAttach shm_cma = CrossMemoryAttach::kPairs;
+  // Whether collectives on node-shared buffers (shared_memory.h) take the direct path
+  // (CHORUS_SHM_DIRECT = 1, the default, or 0). Every rank of a node must agree.
+  bool shm_direct = true;
   // The cost model that chooses algorithms (CHORUS_COST_MODEL): comma-separated
   // key=value pairs over its built-in parameters (tcp_alpha_us, tcp_gbps, shm_alpha_us,
   // shm_gbps, reduce_gbps); empty: the built-in ones. create() throws ConfigError on an
@@ -226,6 +230,12 @@ class Communicator {
   virtual const std::string& host_of(int rank) const = 0;
   // Which ranks share a node, found at creation.
   virtual const Topology& topology() const = 0;
+
+  // Node-shared memory for the direct path of collectives (shared_memory.h): the same
+  // as chorus::allocate_shared(bytes), local, no communication.
+  static std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes) {
+    return chorus::allocate_shared(bytes);
+  }
 
   // recv = op over ranks of send (count elements each).
   virtual Work allreduce(const void* send, void* recv, size_t count, DataType dtype,

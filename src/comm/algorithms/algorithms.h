@@ -9,6 +9,7 @@
 #include <span>
 
 #include "comm/algorithms/context.h"
+#include "comm/transport/shm/memory_file.h"
 
 namespace chorus::algorithms {
 
@@ -84,6 +85,24 @@ int32_t shm_alltoallv(const Context& ctx, transport::shm::NodeGroup& g, const vo
                       void* out, const std::vector<size_t>& recv_counts,
                       const std::vector<size_t>& recv_displs, const CountsVerdict& verdict);
 void shm_barrier(const Context& ctx, transport::shm::NodeGroup& g);
+
+// ---- the direct path (shm/shared_buffers.cc): every local rank passed node-shared
+// buffers (include/chorus/shared_memory.h), `in` and `out` say where this rank's lie.
+// The communicator is one node (g's ranks are its ranks). Broadcast ignores `in` on
+// ranks other than the root; in place is `in` == `out` (reduce_scatter: out == in's
+// block of this rank; allgather: in == out's block of this rank).
+void shared_allreduce(const Context& ctx, transport::shm::NodeGroup& g,
+                      const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                      size_t count, bool avg);
+void shared_reduce_scatter(const Context& ctx, transport::shm::NodeGroup& g,
+                           const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                           size_t recv_count, bool avg);
+void shared_allgather(const Context& ctx, transport::shm::NodeGroup& g,
+                      const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                      size_t count);
+void shared_broadcast(const Context& ctx, transport::shm::NodeGroup& g,
+                      const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                      size_t count, int root);
 
 // ---- hierarchical (nodes of ctx.topology; hierarchical.cc): the contracts of the flat
 // allreduce, broadcast and allgather (allgather: out's block r of count elements = in

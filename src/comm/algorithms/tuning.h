@@ -60,6 +60,12 @@ struct Tuning {
   // 256 KiB 22.6 against 24.4 us, 1 MiB 109 against 115 us).
   size_t many_max_bytes = 64 * 1024;
 
+  // ---- the direct path: collectives on node-shared buffers (shm/shared_buffers.cc)
+
+  // A piece of their shared work: the sum of a piece is copied from the cache into the
+  // other ranks' outputs, so it must stay there (TODO measure).
+  size_t shared_buffer_piece_bytes = 64 * 1024;
+
   // ---- direct shared memory through cross-memory attach (NodeGroup::cma())
 
   // Broadcasts, allgathers (by their result) and reduce-scatters (by their input) from

@@ -137,6 +137,12 @@ int shm_cma() {
   return v == "all" ? 2 : v == "1" ? 1 : 0;
 }
 
+bool shm_direct() {
+  std::string v = get_env("CHORUS_SHM_DIRECT").value_or("1");
+  if (v != "0" && v != "1") throw ConfigError("CHORUS_SHM_DIRECT='" + v + "' is not 0 or 1");
+  return v == "1";
+}
+
 std::string node_id() { return get_env("CHORUS_NODE_ID").value_or(""); }
 
 std::string transport() {

@@ -73,6 +73,9 @@ std::optional<int64_t> segment_bytes();
 // buffers with process_vm_readv where the kernel allows it; `all` also in larger
 // nodes; 0 keeps every byte in the segment. Returns 0, 1 or 2 (all).
 int shm_cma();
+// CHORUS_SHM_DIRECT: 1 (default) or 0; collectives on node-shared buffers take the
+// direct path (include/chorus/shared_memory.h).
+bool shm_direct();
 // CHORUS_DEBUG: OFF (default) | INFO | DETAIL, any case, as TORCH_DISTRIBUTED_DEBUG:
 // INFO makes info the default log level (each communicator then says how it was set
 // up); DETAIL does too, and compares every collective's fingerprint across ranks before

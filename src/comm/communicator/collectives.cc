@@ -63,6 +63,12 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
   v.buffer(recv, count, "recv");
   check_op(v, op);
   Algorithm algo = algorithm_for(Collective::kAllreduce, bytes);
+  transport::shm::SharedRef in, out;
+  if (direct_path(send, bytes, recv, bytes, in, out)) {
+    return enqueue(shaped(reducing(Collective::kAllreduce, dtype, op), count), [=](const Context& ctx) {
+      alg::shared_allreduce(ctx, *ctx.node, in, out, count, ctx.average);
+    });
+  }
   return enqueue(shaped(reducing(Collective::kAllreduce, dtype, op), count), [=](const Context& ctx) {
     switch (algo) {
       case Algorithm::kRing: return alg::allreduce_ring(ctx, send, recv, count);
@@ -85,6 +91,12 @@ Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, Dat
   if (rank_ == root) v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for(Collective::kBroadcast, bytes);
+  transport::shm::SharedRef in, out;
+  if (direct_path(rank_ == root ? send : nullptr, bytes, recv, bytes, in, out)) {
+    return enqueue(shaped(spec(Collective::kBroadcast, dtype), count, root), [=](const Context& ctx) {
+      alg::shared_broadcast(ctx, *ctx.node, in, out, count, root);
+    });
+  }
   return enqueue(shaped(spec(Collective::kBroadcast, dtype), count, root), [=](const Context& ctx) {
     // Shared memory reads the root's `send` itself and copies it to `recv` while the
     // other ranks take their copies.
@@ -120,6 +132,12 @@ Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, Dat
   v.buffer(send, count, "send");
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for(Collective::kAllgather, total_bytes);
+  transport::shm::SharedRef in, out;
+  if (direct_path(send, total_bytes / size_, recv, total_bytes, in, out)) {
+    return enqueue(shaped(spec(Collective::kAllgather, dtype), count), [=](const Context& ctx) {
+      alg::shared_allgather(ctx, *ctx.node, in, out, count);
+    });
+  }
   return enqueue(shaped(spec(Collective::kAllgather, dtype), count), [=, this](const Context& ctx) {
     if (algo == Algorithm::kHierarchical) return alg::allgather_hierarchical(ctx, send, recv, count);
     if (algo == Algorithm::kShmDirect) {
@@ -168,6 +186,13 @@ Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_
   v.buffer(recv, recv_count, "recv");
   check_op(v, op);
   Algorithm algo = algorithm_for(Collective::kReduceScatter, total_bytes);
+  transport::shm::SharedRef in, out;
+  if (direct_path(send, total_bytes, recv, total_bytes / size_, in, out)) {
+    return enqueue(shaped(reducing(Collective::kReduceScatter, dtype, op), recv_count),
+                   [=](const Context& ctx) {
+                     alg::shared_reduce_scatter(ctx, *ctx.node, in, out, recv_count, ctx.average);
+                   });
+  }
   return enqueue(shaped(reducing(Collective::kReduceScatter, dtype, op), recv_count), [=](const Context& ctx) {
     if (algo == Algorithm::kShmDirect) {
       return alg::shm_reduce_scatter_blocks(ctx, *ctx.node, send, recv, total, ctx.average);

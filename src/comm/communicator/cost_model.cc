@@ -134,6 +134,7 @@ constexpr TuningKey kTuningKeys[] = {
     {"stream_bytes", &algorithms::Tuning::stream_bytes, 0},
     {"shared_piece_bytes", &algorithms::Tuning::shared_piece_bytes, 1},
     {"many_max_bytes", &algorithms::Tuning::many_max_bytes, 0},
+    {"shared_buffer_piece_bytes", &algorithms::Tuning::shared_buffer_piece_bytes, 1},
     {"cma_broadcast_min_bytes", &algorithms::Tuning::cma_broadcast_min_bytes, 0},
     {"cma_allgather_min_bytes", &algorithms::Tuning::cma_allgather_min_bytes, 0},
     {"cma_reduce_scatter_min_bytes", &algorithms::Tuning::cma_reduce_scatter_min_bytes, 0},

@@ -47,6 +47,7 @@ CommOptions CommOptions::from_env() {
   o.connect_timeout = settings::connect_timeout();
   o.algorithm = parse_algorithm(settings::algorithm());
   o.transport = parse_transport(settings::transport());
+  o.shm_direct = settings::shm_direct();
   const int cma = settings::shm_cma();
   o.shm_cma = cma == 2 ? CrossMemoryAttach::kAnyNode : cma == 1 ? CrossMemoryAttach::kPairs
                                                            : CrossMemoryAttach::kOff;

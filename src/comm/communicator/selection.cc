@@ -14,6 +14,20 @@ bool CommunicatorImpl::hierarchical_possible() const {
   return topology_.nodes > 1 && topology_.local_size > 1 && topology_.uniform();
 }
 
+bool CommunicatorImpl::direct_path(const void* in, size_t in_bytes, const void* out, size_t out_bytes,
+                                   transport::shm::SharedRef& in_ref,
+                                   transport::shm::SharedRef& out_ref) const {
+  const Algorithm forced = options_.algorithm;
+  if (!options_.shm_direct || !all_in_shared_memory() || size_ == 1 ||
+      (forced != Algorithm::kAuto && forced != Algorithm::kShmDirect)) {
+    return false;
+  }
+  out_ref = transport::shm::find_shared(out, out_bytes);
+  if (!out_ref) return false;
+  in_ref = in == nullptr ? transport::shm::SharedRef{} : transport::shm::find_shared(in, in_bytes);
+  return in == nullptr || static_cast<bool>(in_ref);
+}
+
 Algorithm CommunicatorImpl::algorithm_for(Collective c, size_t bytes) const {
   Algorithm forced = options_.algorithm;
   // A forced algorithm that this communicator's shape cannot run falls back to the

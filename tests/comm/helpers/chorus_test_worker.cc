@@ -4,7 +4,10 @@
 // Usage: chorus_test_worker allreduce-loop ITERS COUNT
 //   Runs ITERS allreduces (0: until killed) of COUNT f32 elements and checks every
 //   result. Prints "started" on stdout once the first allreduce has completed (the
-//   whole group is connected), and "ok" at the end.
+//   whole group is connected), and "ok" at the end. With CHORUS_TEST_SHARED=1 the
+//   buffer is node-shared memory (chorus::allocate_shared: the direct path), and the
+//   worker prints "mapped N" (the peers' buffers it maps, from /proc/self/maps) before
+//   "ok".
 //
 // Usage: chorus_test_worker collectives-loop ITERS MAX_COUNT SEED
 //   For tests/comm/process/fault_test.cc. Runs ITERS operations (0: until killed), op I being
@@ -24,6 +27,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <exception>
 #include <random>
 #include <string>
@@ -42,6 +47,19 @@ float expected(int size, size_t i, long iter) {
   return static_cast<float>(size * (size + 1) / 2 + size * static_cast<long>((i + iter) % 5));
 }
 
+// The node-shared memory files this process maps (its own and its peers').
+int count_memory_files() {
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return -1;
+  int n = 0;
+  char line[4096];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strstr(line, "/memfd:chorus-shared") != nullptr) ++n;
+  }
+  std::fclose(f);
+  return n;
+}
+
 int allreduce_loop(long iters, size_t count) {
   auto comm = chorus::Communicator::from_env();
   const int rank = comm->rank(), size = comm->size();
@@ -57,10 +75,15 @@ int allreduce_loop(long iters, size_t count) {
     std::fprintf(stderr, "worker: rank %d fails on purpose\n", rank);
     return 3;
   }
-  std::vector<float> buf(count);
+  const char* shared_env = std::getenv("CHORUS_TEST_SHARED");
+  const bool shared = shared_env != nullptr && std::string(shared_env) == "1";
+  std::vector<float> own(shared ? 0 : count);
+  std::shared_ptr<chorus::SharedBuffer> shared_buf;
+  if (shared) shared_buf = chorus::allocate_shared(count * sizeof(float));
+  float* buf = shared ? static_cast<float*>(shared_buf->data()) : own.data();
   for (long iter = 0; iters == 0 || iter < iters; ++iter) {
     for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i, iter);
-    comm->allreduce(buf.data(), count, chorus::DataType::kFloat32, chorus::ReduceOp::kSum).wait();
+    comm->allreduce(buf, count, chorus::DataType::kFloat32, chorus::ReduceOp::kSum).wait();
     for (size_t i = 0; i < count; ++i) {
       if (buf[i] != expected(size, i, iter)) {
         std::fprintf(stderr, "worker rank %d: wrong allreduce result in iteration %ld at %zu: "
@@ -73,6 +96,7 @@ int allreduce_loop(long iters, size_t count) {
       std::fflush(stdout);
     }
   }
+  if (shared) std::printf("mapped %d\n", count_memory_files() - 1);
   std::printf("ok\n");
   std::fflush(stdout);
   return 0;

@@ -138,8 +138,11 @@ TEST(ProcessTest, FourProcessesAllSucceed) {
 // an operation), and expects every survivor to exit with a chorus::Error within
 // kDetectionDeadline whose message names the operation, its sequence number, and the
 // dead peer's rank and host.
-void kill_one_and_expect_named_errors(int world_size, int victim) {
-  Job job(world_size, {"allreduce-loop", "0", "4000000"});
+// With `shared`, the workers' buffers are node-shared memory (the direct path).
+void kill_one_and_expect_named_errors(int world_size, int victim, bool shared = false) {
+  std::map<std::string, std::string> env;
+  if (shared) env["CHORUS_TEST_SHARED"] = "1";
+  Job job(world_size, {"allreduce-loop", "0", "4000000"}, env);
   for (int r = 0; r < job.size(); ++r) {
     ASSERT_TRUE(job.rank(r).wait_for_output("started", seconds(120)))
         << "rank " << r << " did not start\n" << job.outputs();
@@ -191,6 +194,35 @@ void kill_one_and_expect_named_errors(int world_size, int victim) {
 }
 
 TEST(ProcessTest, KilledRankIsNamedBySurvivors) { kill_one_and_expect_named_errors(4, 2); }
+
+// The same on node-shared buffers: a rank killed while its peers read and write its
+// buffer directly is named as dead, and nothing of the job is left in /dev/shm (its
+// buffers are memory files without a name, which die with the last process).
+TEST(ProcessTest, KilledRankOfTheDirectPathIsNamedBySurvivors) {
+  kill_one_and_expect_named_errors(3, 1, true);
+}
+
+// Node-shared buffers are mapped by a peer when it first works on them, once: after a
+// loop of 20 allreduces a rank maps at most its two peers' buffers, not one per call,
+// and some rank did map them (the direct path ran across processes).
+TEST(ProcessTest, DirectPathMapsEachPeerBufferOnce) {
+  if (!over_shm()) GTEST_SKIP() << "tcp: no shared memory";
+  Job job(3, {"allreduce-loop", "20", "100003"}, {{"CHORUS_TEST_SHARED", "1"}});
+  for (int r = 0; r < job.size(); ++r) {
+    ASSERT_TRUE(job.rank(r).wait_for(seconds(180))) << "rank " << r << " still running\n" << job.outputs();
+  }
+  bool some = false;
+  for (int r = 0; r < job.size(); ++r) {
+    EXPECT_EQ(job.rank(r).exit_code(), 0) << "rank " << r << "\n" << job.outputs();
+    const std::string out = job.rank(r).stdout_text();
+    EXPECT_TRUE(contains(out, "mapped 0") || contains(out, "mapped 1") || contains(out, "mapped 2"))
+        << job.outputs();
+    some = some || contains(out, "mapped 2");
+  }
+  EXPECT_TRUE(some) << job.outputs();
+  job.kill_all();
+  EXPECT_TRUE(job.leftover_segments().empty());
+}
 
 // Rank 0 hosts the store: its death must still surface as a communication error naming
 // rank 0 within the deadline, not as a store timeout later.

@@ -30,7 +30,7 @@
 namespace chorus::transport::shm {
 
 inline constexpr uint64_t kMagic = 0x6d68732d73756f68ULL;  // "hous-shm"
-inline constexpr uint32_t kVersion = 6;
+inline constexpr uint32_t kVersion = 7;
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr size_t kControlBytes = 1024;
 inline constexpr size_t kReasonBytes = 704;
@@ -111,6 +111,7 @@ struct ShmGroup::Control {
   OpDesc desc[2];                // by phase parity: a fast peer may publish the next one
   uint64_t in_addr, out_addr;    // publish_buffers(): the current operation's buffers
   uint64_t probe_addr, probe_value;  // set-up: where this rank's probe cookie is, and its value
+  SharedRef shared[2];           // publish_shared(): the operation's send and recv
   // What this rank waits in, in the streams (publish_waiting()): written under a
   // sequence lock, `waiting_version` odd while it changes.
   alignas(64) uint64_t waiting_version;

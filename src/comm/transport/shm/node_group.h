@@ -13,7 +13,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "comm/transport/shm/memory_file.h"
+
 namespace chorus::transport::shm {
+
+// The step (expect()) of a collective that runs on node-shared buffers (the direct
+// path): its wire_code() with this bit, so that ranks of which some pass node-shared
+// buffers and some do not fail at the first phase, naming both.
+inline constexpr uint8_t kSharedStep = 0x80;
 
 class NodeGroup {
  public:
@@ -63,6 +70,15 @@ class NodeGroup {
   // Copies `bytes` from address `from` in local rank i's memory to `to`. A peer that
   // died or cannot be read becomes PeerError naming the operation and both ranks.
   virtual void read_peer(int i, uint64_t from, void* to, size_t bytes) = 0;
+
+  // Node-shared buffers (include/chorus/shared_memory.h): publishes where this rank's
+  // send and recv of the current operation lie (memory_file.h); visible to the peers
+  // after the next arrive().
+  virtual void publish_shared(const SharedRef& send, const SharedRef& recv) = 0;
+  // Local rank i's published send (`which` 0) or recv (1), in this process: its file
+  // is mapped on first use. One that cannot be becomes PeerError naming the operation
+  // and both ranks.
+  virtual uint8_t* peer_shared(int i, int which) = 0;
 };
 
 }  // namespace chorus::transport::shm

@@ -84,6 +84,14 @@ void ShmGroup::check_descriptors() {
     if (theirs == desc_) continue;
     auto call = [](const OpDesc& d) { return describe_call(d.code, nullptr, d.seq, false, d.sig); };
     std::string m = op_name() + " failed on " + rank_name(local_rank_) + ": ";
+    if (theirs.code == desc_.code && theirs.seq == desc_.seq && theirs.sig == desc_.sig &&
+        (theirs.step ^ desc_.step) == kSharedStep) {
+      auto buffers = [](const OpDesc& d) {
+        return (d.step & kSharedStep) != 0 ? "node-shared buffers (allocate_shared)" : "ordinary buffers";
+      };
+      throw PeerError(m + rank_name(i) + " passed " + buffers(theirs) + " to it where this rank passed " +
+                      buffers(desc_) + "; every rank of a node must pass the same kind (shared_memory.h)");
+    }
     if (theirs.code == desc_.code && theirs.seq == desc_.seq && theirs.sig == desc_.sig) {
       // The same call, run differently (forced algorithms that differ between ranks).
       throw PeerError(m + rank_name(i) + " ran " + op_code_name(theirs.step) +

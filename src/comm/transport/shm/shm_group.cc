@@ -175,6 +175,25 @@ void ShmGroup::publish_buffers(const void* in, void* out) {
 }
 
 uint64_t ShmGroup::peer_in(int i) const { return control(i).in_addr; }
+
+void ShmGroup::publish_shared(const SharedRef& send, const SharedRef& recv) {
+  peer_files_.sweep();  // the files of buffers freed since the last direct collective
+  Control& mine = control(local_rank_);
+  mine.shared[0] = send;
+  mine.shared[1] = recv;
+}
+
+uint8_t* ShmGroup::peer_shared(int i, int which) {
+  const SharedRef ref = control(i).shared[which];
+  std::string error;
+  uint8_t* base = ref ? peer_files_.map(ref, error) : nullptr;
+  if (base == nullptr) {
+    if (!ref) error = "it published no buffer";
+    throw PeerError(op_name() + " failed on " + rank_name(local_rank_) + ": cannot map the node-shared " +
+                    (which == 0 ? "send" : "recv") + " buffer of " + rank_name(i) + ": " + error);
+  }
+  return base + ref.offset;
+}
 uint64_t ShmGroup::peer_out(int i) const { return control(i).out_addr; }
 
 void ShmGroup::read_peer(int i, uint64_t from, void* to, size_t bytes) {

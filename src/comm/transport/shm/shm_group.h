@@ -52,6 +52,7 @@
 
 #include "chorus/store.h"
 #include "comm/transport/shm/node_group.h"
+#include "comm/transport/shm/peer_files.h"
 #include "comm/transport/shm/segment.h"
 #include "comm/transport/transport.h"
 
@@ -116,6 +117,8 @@ class ShmGroup final : public NodeGroup {
   void publish_buffers(const void* in, void* out) override;
   uint64_t peer_in(int i) const override;
   void read_peer(int i, uint64_t from, void* to, size_t bytes) override;
+  void publish_shared(const SharedRef& send, const SharedRef& recv) override;
+  uint8_t* peer_shared(int i, int which) override;
 
   // Communicator rank of local rank `i`.
   int member(int i) const { return config_.members[i]; }
@@ -225,6 +228,7 @@ class ShmGroup final : public NodeGroup {
   bool cma_ = false;
   size_t channel_bytes_ = 0;     // each point-to-point ring
   uint64_t probe_cookie_ = 0;   // read by the peers at set-up to try cross-memory attach
+  PeerFiles peer_files_;        // the peers' node-shared buffers, mapped
 };
 
 }  // namespace chorus::transport::shm

@@ -1,0 +1,77 @@
+// Node-shared memory: buffers that the ranks of one node can read and write directly,
+// so that collectives on them move each byte once instead of copying it through the
+// node's segment first (NCCL's ncclMemAlloc with ncclCommRegister, in one call).
+//
+//   auto buf = chorus::allocate_shared(count * sizeof(float));   // or comm->allocate_shared()
+//   float* x = static_cast<float*>(buf->data());
+//   ... fill x ...
+//   comm->allreduce(x, count, DataType::kFloat32, ReduceOp::kSum).wait();
+//
+// Allocation is local: no communication, any thread, any time, any size per rank. The
+// bytes live in an anonymous memory file (memfd) that this process maps; the local peers
+// map it themselves the first time a collective of theirs needs it, through
+// /proc/<pid>/fd (same user). Nothing has a name in a file system, so a job that dies,
+// however it dies, leaves nothing behind: the kernel frees the memory with the last
+// process that maps it.
+//
+// The direct path (docs/library.md, "Node-shared memory"): a collective whose ranks of
+// one node all pass buffers inside shared buffers (allreduce: send and recv, in place or
+// not; reduce_scatter and allgather in place; broadcast on every rank) reads and writes
+// the peers' buffers directly, through shared memory:
+//   allreduce       the ranks share the buffer out in pieces; whoever takes a piece sums
+//                   it over every rank's buffer, in rank order, and writes the sum into
+//                   every rank's buffer: each element is read once per rank and written
+//                   once per rank, and every rank gets the same bytes;
+//   reduce_scatter  each block is summed the same way into its owner's buffer;
+//   allgather       each rank copies every peer's block into its own buffer;
+//   broadcast       each rank copies the root's buffer into its own.
+// Every other case takes the ordinary path. Ranks of one node that disagree (some pass
+// shared buffers, some do not) fail the call with PeerError naming both, as for any
+// other mismatch. CHORUS_SHM_DIRECT=0 (CommOptions::shm_direct) turns the direct path
+// off: shared buffers are then ordinary memory.
+//
+// Ordering: no rank reads or writes a peer's buffer before that peer has entered the
+// collective, nor after it has returned: a collective's Work completes once every local
+// peer is done with this rank's buffer, so the caller may overwrite it at once.
+//
+// Lifetime: the memory is valid until the last shared_ptr to the SharedBuffer is
+// dropped, whether or not a communicator still exists; the same rules as for any buffer
+// apply (valid and untouched until the Work that uses it completes). A peer's mapping of
+// a freed buffer is released at that peer's next direct collective, or when its
+// communicator is destroyed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace chorus {
+
+class SharedBuffer {
+ public:
+  ~SharedBuffer();
+  SharedBuffer(const SharedBuffer&) = delete;
+  SharedBuffer& operator=(const SharedBuffer&) = delete;
+
+  // The usable bytes: page-aligned, zero-filled at allocation, `size()` long (the size
+  // asked for; the mapping is rounded up to whole pages).
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+  struct Private;  // the memory file and its mapping (src/comm/shared/)
+
+ private:
+  friend std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes);
+  explicit SharedBuffer(std::unique_ptr<Private> impl);
+  std::unique_ptr<Private> impl_;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Allocates `bytes` of node-shared memory (above). Throws InvalidArgumentError for 0
+// bytes, SystemError (naming what failed and why) when the memory file cannot be
+// created, reserved or mapped. Its pages are reserved at allocation (counted against
+// the process's memory limits), so running out of memory is this error, not a SIGBUS.
+std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes);
+
+}  // namespace chorus

@@ -1,0 +1,208 @@
+// The direct path: collectives whose ranks all pass node-shared buffers
+// (include/chorus/shared_memory.h), which every local rank can read and write.
+//
+// Each runs in one phase and one round of shared work. The phase (its descriptor says
+// "on node-shared buffers") guarantees that every rank has entered the call, so its
+// buffers hold its input, and publishes where they are. Then the ranks share the data
+// out in pieces (NodeGroup's shared work): whichever rank runs takes the next piece and
+// does all of it, for every rank: sums it over every rank's input, in rank order, and
+// writes the sum into every rank's output (allreduce), or into its owner's
+// (reduce_scatter), or copies it from its owner into every rank's output (allgather,
+// broadcast). Every element is therefore computed once, so all ranks get the same
+// bytes, and with more ranks than cores the ranks that hold the cores do the work of
+// those waiting for one. wait_work() returns once every piece is finished: by then
+// nobody reads or writes this rank's buffers any more, and the call may return.
+//
+// Nothing is copied into the segment: an allreduce reads each rank's input once and
+// writes each rank's output once (the sum is copied from the cache into the others'
+// outputs), about 2.5 passes over the data per rank for two ranks, against about 5
+// through the segment.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/shm/helpers.h"
+
+namespace chorus::algorithms {
+
+using transport::wire_code;
+using transport::shm::kSharedStep;
+using transport::shm::NodeGroup;
+using transport::shm::SharedRef;
+
+namespace {
+
+struct Buffers {
+  std::vector<const uint8_t*> in;
+  std::vector<uint8_t*> out;
+};
+
+// The phase: publishes this rank's buffers and waits for every rank.
+void enter(NodeGroup& g, Collective c, const SharedRef& in, const SharedRef& out) {
+  g.expect(static_cast<uint8_t>(wire_code(c) | kSharedStep));
+  g.publish_shared(in, out);
+  g.arrive();
+  g.wait_all();
+}
+
+// Every rank's buffers, in this process (`in` only where `with_in`), looked up when
+// this rank takes its first piece: while it holds one, the round is not over, so no
+// rank has returned and published the buffers of its next call (a rank that takes no
+// piece may find its peers already there, and must not look).
+class Peers {
+ public:
+  Peers(NodeGroup& g, std::vector<bool> with_in) : g_(g), with_in_(std::move(with_in)) {}
+  const Buffers& get() {
+    if (b_.out.empty()) {
+      const int p = g_.local_size();
+      b_.in.assign(p, nullptr);
+      b_.out.assign(p, nullptr);
+      for (int r = 0; r < p; ++r) {
+        if (with_in_[r]) b_.in[r] = g_.peer_shared(r, 0);
+        b_.out[r] = g_.peer_shared(r, 1);
+      }
+    }
+    return b_;
+  }
+
+ private:
+  NodeGroup& g_;
+  std::vector<bool> with_in_;
+  Buffers b_;
+};
+
+// dst[0, n) = the reduction of src[r] + off over r, in rank order. Where dst is the
+// piece of a source r > 0 (an in-place reduce_scatter's block of a later rank), that
+// piece is first copied to `tmp` (n elements): the partial sums would overwrite it
+// before it is added. dst may be source 0's piece (in place, rank 0's block).
+void reduce_sources(const Context& ctx, uint8_t* dst, const std::vector<const uint8_t*>& src,
+                    size_t off, size_t n, uint8_t* tmp) {
+  const int p = static_cast<int>(src.size());
+  int alias = -1;
+  for (int r = 1; r < p && alias < 0; ++r) {
+    if (src[r] + off == dst) alias = r;
+  }
+  if (alias > 0) std::memcpy(tmp, dst, n * ctx.elem);
+  auto source = [&](int r) -> const uint8_t* { return r == alias ? tmp : src[r] + off; };
+  constexpr int kManySources = 16;
+  if (p > 2 && p <= kManySources && ctx.reduce_many != nullptr &&
+      n * ctx.elem <= ctx.tuning.many_max_bytes) {
+    const void* all[kManySources];
+    for (int r = 0; r < p; ++r) all[r] = source(r);
+    return ctx.reduce_many(dst, all, p, n);
+  }
+  ctx.reduce(dst, source(0), source(1), n);
+  for (int r = 2; r < p; ++r) ctx.reduce(dst, dst, source(r), n);
+}
+
+// Elements of a piece for a call of `bytes` in all: Tuning::shared_buffer_piece_bytes,
+// but small calls are cut into at least two pieces per rank (of at least
+// kMinPieceBytes), so that every rank has a share.
+size_t piece_elems(const Context& ctx, const NodeGroup& g, size_t bytes) {
+  constexpr size_t kMinPieceBytes = 8 * 1024;
+  const size_t share = bytes / (2 * static_cast<size_t>(g.local_size()));
+  const size_t piece = std::min(ctx.tuning.shared_buffer_piece_bytes, std::max(share, kMinPieceBytes));
+  return std::max<size_t>(1, piece / ctx.elem);
+}
+
+}  // namespace
+
+void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
+                      size_t count, bool avg) {
+  if (count == 0) return;
+  const int p = g.local_size();
+  const size_t e = ctx.elem, piece = piece_elems(ctx, g, count * e);
+  enter(g, Collective::kAllreduce, in, out);
+  Peers peers(g, std::vector<bool>(p, true));
+  uint8_t* tmp = p > 2 ? ctx.scratch.get(piece * e, 0) : nullptr;
+  g.begin_work((count + piece - 1) / piece);
+  for (int64_t k; (k = g.take_piece()) >= 0;) {
+    const Buffers& b = peers.get();
+    const size_t at = static_cast<size_t>(k) * piece, n = std::min(piece, count - at);
+    uint8_t* sum = b.out[0] + at * e;
+    if (p == 1) {
+      if (sum != b.in[0] + at * e) std::memcpy(sum, b.in[0] + at * e, n * e);
+    } else {
+      reduce_sources(ctx, sum, b.in, at * e, n, tmp);
+    }
+    shm::average(ctx, sum, n, avg);
+    for (int r = 1; r < p; ++r) std::memcpy(b.out[r] + at * e, sum, n * e);
+    g.finish_piece();
+  }
+  g.wait_work();
+}
+
+void shared_reduce_scatter(const Context& ctx, NodeGroup& g, const SharedRef& in,
+                           const SharedRef& out, size_t recv_count, bool avg) {
+  if (recv_count == 0) return;
+  const int p = g.local_size();
+  const size_t e = ctx.elem, piece = piece_elems(ctx, g, recv_count * p * e);
+  enter(g, Collective::kReduceScatter, in, out);
+  Peers peers(g, std::vector<bool>(p, true));
+  uint8_t* tmp = ctx.scratch.get(piece * e, 0);
+  const size_t per_block = (recv_count + piece - 1) / piece;
+  g.begin_work(per_block * static_cast<size_t>(p));
+  for (int64_t k; (k = g.take_piece()) >= 0;) {
+    const Buffers& b = peers.get();
+    const int owner = static_cast<int>(static_cast<size_t>(k) / per_block);
+    const size_t at = static_cast<size_t>(k) % per_block * piece, n = std::min(piece, recv_count - at);
+    uint8_t* dst = b.out[owner] + at * e;
+    const size_t off = (static_cast<size_t>(owner) * recv_count + at) * e;
+    if (p == 1) {
+      if (dst != b.in[0] + off) std::memcpy(dst, b.in[0] + off, n * e);
+    } else {
+      reduce_sources(ctx, dst, b.in, off, n, tmp);
+    }
+    shm::average(ctx, dst, n, avg);
+    g.finish_piece();
+  }
+  g.wait_work();
+}
+
+void shared_allgather(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
+                      size_t count) {
+  if (count == 0) return;
+  const int p = g.local_size();
+  const size_t e = ctx.elem, piece = piece_elems(ctx, g, count * p * e);
+  enter(g, Collective::kAllgather, in, out);
+  Peers peers(g, std::vector<bool>(p, true));
+  const size_t per_block = (count + piece - 1) / piece;
+  g.begin_work(per_block * static_cast<size_t>(p));
+  for (int64_t k; (k = g.take_piece()) >= 0;) {
+    const Buffers& b = peers.get();
+    const int owner = static_cast<int>(static_cast<size_t>(k) / per_block);
+    const size_t at = static_cast<size_t>(k) % per_block * piece, n = std::min(piece, count - at);
+    const uint8_t* from = b.in[owner] + at * e;
+    const size_t to = (static_cast<size_t>(owner) * count + at) * e;
+    for (int r = 0; r < p; ++r) {
+      if (b.out[r] + to != from) std::memcpy(b.out[r] + to, from, n * e);
+    }
+    g.finish_piece();
+  }
+  g.wait_work();
+}
+
+void shared_broadcast(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
+                      size_t count, int root) {
+  if (count == 0) return;
+  const int p = g.local_size();
+  const size_t e = ctx.elem, piece = piece_elems(ctx, g, count * e);
+  std::vector<bool> with_in(p, false);
+  with_in[root] = true;
+  enter(g, Collective::kBroadcast, g.local_rank() == root ? in : SharedRef{}, out);
+  Peers peers(g, std::move(with_in));
+  g.begin_work((count + piece - 1) / piece);
+  for (int64_t k; (k = g.take_piece()) >= 0;) {
+    const Buffers& b = peers.get();
+    const size_t at = static_cast<size_t>(k) * piece, n = std::min(piece, count - at);
+    const uint8_t* from = b.in[root] + at * e;
+    for (int r = 0; r < p; ++r) {
+      if (b.out[r] + at * e != from) std::memcpy(b.out[r] + at * e, from, n * e);
+    }
+    g.finish_piece();
+  }
+  g.wait_work();
+}
+
+}  // namespace chorus::algorithms

@@ -1,0 +1,154 @@
+// chorus::allocate_shared() and the process-wide registry of node-shared buffers
+// (memory_file.h).
+#include "comm/transport/shm/memory_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "chorus/error.h"
+#include "chorus/shared_memory.h"
+
+namespace chorus {
+
+struct SharedBuffer::Private {
+  int fd = -1;
+  uint8_t* base = nullptr;  // the header page, then the caller's bytes
+  size_t map_bytes = 0;
+  uint64_t id = 0;
+};
+
+namespace transport::shm {
+namespace {
+
+struct Entry {
+  size_t bytes;  // the caller's
+  const SharedBuffer::Private* file;
+};
+
+// Buffers by the address of their first usable byte.
+struct Registry {
+  std::mutex mutex;
+  std::map<uintptr_t, Entry> by_data;
+  std::map<uint64_t, uint8_t*> by_id;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: buffers may outlive statics
+  return *r;
+}
+
+std::atomic<uint64_t> next_id{1};
+
+[[noreturn]] void fail(const std::string& what, size_t bytes, int err) {
+  throw SystemError("allocate_shared(" + std::to_string(bytes) + "): " + what + " failed: " +
+                    std::strerror(err));
+}
+
+}  // namespace
+
+SharedRef find_shared(const void* p, size_t bytes) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  const size_t n = bytes == 0 ? 1 : bytes;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.by_data.upper_bound(at);
+  if (it == r.by_data.begin()) return {};
+  --it;
+  const uintptr_t begin = it->first;
+  if (at - begin > it->second.bytes || it->second.bytes - (at - begin) < n) return {};
+  const SharedBuffer::Private& f = *it->second.file;
+  SharedRef ref;
+  ref.id = f.id;
+  ref.pid = static_cast<int32_t>(getpid());
+  ref.fd = f.fd;
+  ref.map_bytes = f.map_bytes;
+  ref.offset = kFileHeaderBytes + (at - begin);
+  return ref;
+}
+
+uint8_t* own_file(uint64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.by_id.find(id);
+  return it == r.by_id.end() ? nullptr : it->second;
+}
+
+}  // namespace transport::shm
+
+namespace shm = transport::shm;
+
+std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes) {
+  if (bytes == 0) throw InvalidArgumentError("allocate_shared: 0 bytes");
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (bytes > (size_t{1} << 48)) {
+    throw InvalidArgumentError("allocate_shared: " + std::to_string(bytes) + " bytes is too large");
+  }
+  auto f = std::make_unique<SharedBuffer::Private>();
+  f->map_bytes = shm::kFileHeaderBytes + (bytes + page - 1) / page * page;
+  f->id = shm::next_id.fetch_add(1);
+  // Close-on-exec: a child the caller starts must not keep the memory alive.
+  f->fd = memfd_create("chorus-shared", MFD_CLOEXEC);
+  if (f->fd < 0) shm::fail("memfd_create", bytes, errno);
+  auto cleanup = [&] {
+    if (f->base != nullptr) munmap(f->base, f->map_bytes);
+    close(f->fd);
+  };
+  if (ftruncate(f->fd, static_cast<off_t>(f->map_bytes)) != 0) {
+    const int err = errno;
+    cleanup();
+    shm::fail("sizing the memory file", bytes, err);
+  }
+  // Reserve the pages now: out of memory is this error, not a SIGBUS on first touch.
+  if (const int err = posix_fallocate(f->fd, 0, static_cast<off_t>(f->map_bytes)); err != 0) {
+    cleanup();
+    shm::fail("reserving the memory file's pages", bytes, err);
+  }
+  void* p = mmap(nullptr, f->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    cleanup();
+    shm::fail("mapping the memory file", bytes, err);
+  }
+  f->base = static_cast<uint8_t*>(p);
+  auto* h = reinterpret_cast<shm::FileHeader*>(f->base);
+  h->magic = shm::kFileMagic;
+  h->id = f->id;
+  h->bytes = bytes;
+  std::atomic_ref<uint32_t>(h->freed).store(0, std::memory_order_release);
+  uint8_t* data = f->base + shm::kFileHeaderBytes;
+  const SharedBuffer::Private* file = f.get();
+  std::shared_ptr<SharedBuffer> buffer(new SharedBuffer(std::move(f)));
+  buffer->data_ = data;
+  buffer->size_ = bytes;
+  shm::Registry& r = shm::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.by_data[reinterpret_cast<uintptr_t>(data)] = shm::Entry{bytes, file};
+  r.by_id[file->id] = file->base;
+  return buffer;
+}
+
+SharedBuffer::SharedBuffer(std::unique_ptr<Private> impl) : impl_(std::move(impl)) {}
+
+SharedBuffer::~SharedBuffer() {
+  {
+    shm::Registry& r = shm::registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.by_data.erase(reinterpret_cast<uintptr_t>(data_));
+    r.by_id.erase(impl_->id);
+  }
+  // Peers that mapped the file drop their mappings when they next look (peer_files.h).
+  auto* h = reinterpret_cast<shm::FileHeader*>(impl_->base);
+  std::atomic_ref<uint32_t>(h->freed).store(1, std::memory_order_release);
+  munmap(impl_->base, impl_->map_bytes);
+  close(impl_->fd);
+}
+
+}  // namespace chorus
