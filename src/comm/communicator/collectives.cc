@@ -64,7 +64,7 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
   check_op(v, op);
   Algorithm algo = algorithm_for(Collective::kAllreduce, bytes);
   transport::shm::SharedRef in, out;
-  if (direct_path(send, bytes, recv, bytes, in, out)) {
+  if (direct_path(Collective::kAllreduce, send, bytes, recv, bytes, in, out)) {
     return enqueue(shaped(reducing(Collective::kAllreduce, dtype, op), count), [=](const Context& ctx) {
       alg::shared_allreduce(ctx, *ctx.node, in, out, count, ctx.average);
     });
@@ -92,7 +92,7 @@ Work CommunicatorImpl::broadcast(const void* send, void* recv, size_t count, Dat
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for(Collective::kBroadcast, bytes);
   transport::shm::SharedRef in, out;
-  if (direct_path(rank_ == root ? send : nullptr, bytes, recv, bytes, in, out)) {
+  if (direct_path(Collective::kBroadcast, rank_ == root ? send : nullptr, bytes, recv, bytes, in, out)) {
     return enqueue(shaped(spec(Collective::kBroadcast, dtype), count, root), [=](const Context& ctx) {
       alg::shared_broadcast(ctx, *ctx.node, in, out, count, root);
     });
@@ -133,7 +133,7 @@ Work CommunicatorImpl::allgather(const void* send, void* recv, size_t count, Dat
   v.buffer(recv, count, "recv");
   Algorithm algo = algorithm_for(Collective::kAllgather, total_bytes);
   transport::shm::SharedRef in, out;
-  if (direct_path(send, total_bytes / size_, recv, total_bytes, in, out)) {
+  if (direct_path(Collective::kAllgather, send, total_bytes / size_, recv, total_bytes, in, out)) {
     return enqueue(shaped(spec(Collective::kAllgather, dtype), count), [=](const Context& ctx) {
       alg::shared_allgather(ctx, *ctx.node, in, out, count);
     });
@@ -187,7 +187,7 @@ Work CommunicatorImpl::reduce_scatter(const void* send, void* recv, size_t recv_
   check_op(v, op);
   Algorithm algo = algorithm_for(Collective::kReduceScatter, total_bytes);
   transport::shm::SharedRef in, out;
-  if (direct_path(send, total_bytes, recv, total_bytes / size_, in, out)) {
+  if (direct_path(Collective::kReduceScatter, send, total_bytes, recv, total_bytes / size_, in, out)) {
     return enqueue(shaped(reducing(Collective::kReduceScatter, dtype, op), recv_count),
                    [=](const Context& ctx) {
                      alg::shared_reduce_scatter(ctx, *ctx.node, in, out, recv_count, ctx.average);

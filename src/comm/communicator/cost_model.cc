@@ -209,6 +209,24 @@ CostParams parse_cost_params(const std::string& text) {
   return p;
 }
 
+// The direct path on node-shared buffers (algorithms/shm/shared_buffers.cc): one phase,
+// then each rank's share of the pieces (a p-th of the data): an allreduce sums its
+// share over every rank's buffer and copies the sum into the p - 1 others'; a
+// reduce_scatter only sums; an allgather or broadcast copies its share to every other
+// rank. Nothing is copied into the segment or out of it.
+double predicted_shared_us(Collective c, size_t bytes, const Shape& s, const CostParams& p) {
+  if (!(s.shm && s.nodes == 1) || s.size < 2) return std::numeric_limits<double>::infinity();
+  const double n = static_cast<double>(bytes), ranks = s.size, share = n / ranks;
+  switch (c) {
+    case Collective::kAllreduce:
+      return p.shm_alpha_us + reduce_us(p, (ranks - 1) * share) + shm_copy_us(p, (ranks - 1) * share);
+    case Collective::kReduceScatter: return p.shm_alpha_us + reduce_us(p, (ranks - 1) * share);
+    case Collective::kAllgather:
+    case Collective::kBroadcast: return p.shm_alpha_us + shm_copy_us(p, (ranks - 1) * share);
+    default: return std::numeric_limits<double>::infinity();
+  }
+}
+
 double predicted_us(Collective c, Algorithm a, size_t bytes, const Shape& s,
                     const CostParams& p) {
   const double n = static_cast<double>(bytes);
@@ -223,6 +241,9 @@ double predicted_us(Collective c, Algorithm a, size_t bytes, const Shape& s,
       case Algorithm::kHierarchical: return s.hierarchical ? hier_allreduce(n, s, p) : never;
       default: return never;
     }
+  }
+  if (c == Collective::kReduceScatter) {  // n: the whole input
+    return a == Algorithm::kShmDirect && one_node_shm ? shm_reduce_scatter(n, s, p) : never;
   }
   if (c == Collective::kBroadcast) {
     switch (a) {

@@ -45,10 +45,17 @@ struct Shape {
   size_t segment_bytes = kDefaultSegmentBytes;  // pipelining unit of the tcp rings and chains
 };
 
-// Predicted microseconds of `collective` (allreduce, broadcast, allgather) on
-// `bytes` (for allgather: the whole result) with `algorithm`.
+// Predicted microseconds of `collective` (allreduce, broadcast, allgather; reduce_scatter
+// in shared memory only) on `bytes` (for allgather: the whole result; reduce_scatter:
+// the whole input) with `algorithm`.
 double predicted_us(Collective collective, Algorithm algorithm, size_t bytes, const Shape& shape,
                     const CostParams& p);
+
+// Predicted microseconds of `collective` (allreduce, reduce_scatter, allgather,
+// broadcast) on node-shared buffers, the direct path (include/chorus/shared_memory.h);
+// infinity where the shape has no such path (several nodes, no shared memory, one rank).
+double predicted_shared_us(Collective collective, size_t bytes, const Shape& shape,
+                           const CostParams& p);
 
 // The candidate with the lowest predicted time.
 Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, const CostParams& p,

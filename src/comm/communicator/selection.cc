@@ -14,12 +14,19 @@ bool CommunicatorImpl::hierarchical_possible() const {
   return topology_.nodes > 1 && topology_.local_size > 1 && topology_.uniform();
 }
 
-bool CommunicatorImpl::direct_path(const void* in, size_t in_bytes, const void* out, size_t out_bytes,
+bool CommunicatorImpl::direct_path(Collective op, const void* in, size_t in_bytes, const void* out, size_t out_bytes,
                                    transport::shm::SharedRef& in_ref,
                                    transport::shm::SharedRef& out_ref) const {
   const Algorithm forced = options_.algorithm;
   if (!options_.shm_direct || !all_in_shared_memory() || size_ == 1 ||
       (forced != Algorithm::kAuto && forced != Algorithm::kShmDirect)) {
+    return false;
+  }
+  // The model knows the path (predicted_shared_us): it is taken where it is predicted
+  // no slower than the segment path, which, since it skips the copies in and out, is
+  // everywhere with the built-in parameters.
+  const size_t bytes = std::max(in_bytes, out_bytes);
+  if (predicted_shared_us(op, bytes, shape_, cost_) > predicted_us(op, Algorithm::kShmDirect, bytes, shape_, cost_)) {
     return false;
   }
   out_ref = transport::shm::find_shared(out, out_bytes);

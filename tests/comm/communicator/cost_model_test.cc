@@ -131,5 +131,29 @@ TEST(CostModel, SharedMemoryAndHierarchicalOnlyWhereTheShapeAllowsThem) {
   EXPECT_TRUE(std::isinf(predicted_us(Collective::kAllreduce, Algorithm::kHierarchical, 8, uneven, p)));
 }
 
+// The direct path on node-shared buffers skips the copies into the segment and out of
+// it: predicted faster than the segment path at every size and group size (so the
+// communicator takes it), and not at all where the shape has no shared memory.
+TEST(CostModel, TheDirectPathIsPredictedFasterThanTheSegmentPath) {
+  CostParams p;
+  const Collective collectives[] = {Collective::kAllreduce, Collective::kReduceScatter,
+                                    Collective::kAllgather, Collective::kBroadcast};
+  for (int ranks = 2; ranks <= 8; ++ranks) {
+    Shape one_node{ranks, 1, ranks, true, false};
+    for (Collective c : collectives) {
+      for (size_t bytes = 8; bytes <= (size_t{256} << 20); bytes *= 4) {
+        const double direct = predicted_shared_us(c, bytes, one_node, p);
+        const double segment = predicted_us(c, Algorithm::kShmDirect, bytes, one_node, p);
+        EXPECT_TRUE(std::isfinite(segment)) << static_cast<int>(c);
+        EXPECT_LT(direct, segment) << "ranks " << ranks << " collective " << static_cast<int>(c)
+                                   << " bytes " << bytes;
+      }
+    }
+  }
+  EXPECT_TRUE(std::isinf(predicted_shared_us(Collective::kAllreduce, 1 << 20, Shape{8, 2, 4, true, true}, p)));
+  EXPECT_TRUE(std::isinf(predicted_shared_us(Collective::kAllreduce, 1 << 20, Shape{4, 1, 4, false, false}, p)));
+  EXPECT_TRUE(std::isinf(predicted_shared_us(Collective::kAllreduce, 1 << 20, Shape{1, 1, 1, true, false}, p)));
+}
+
 }  // namespace
 }  // namespace chorus::internal
