@@ -15,19 +15,22 @@
 // process that maps it.
 //
 // The direct path (docs/library.md, "Node-shared memory"): a collective whose ranks of
-// one node all pass buffers inside shared buffers (allreduce: send and recv, in place or
-// not; reduce_scatter and allgather in place; broadcast on every rank) reads and writes
+// one node all pass buffers inside shared buffers (allreduce, reduce_scatter, allgather:
+// send and recv, in place or not; broadcast: recv, and send on the root) reads and writes
 // the peers' buffers directly, through shared memory:
 //   allreduce       the ranks share the buffer out in pieces; whoever takes a piece sums
 //                   it over every rank's buffer, in rank order, and writes the sum into
 //                   every rank's buffer: each element is read once per rank and written
 //                   once per rank, and every rank gets the same bytes;
 //   reduce_scatter  each block is summed the same way into its owner's buffer;
-//   allgather       each rank copies every peer's block into its own buffer;
-//   broadcast       each rank copies the root's buffer into its own.
-// Every other case takes the ordinary path. Ranks of one node that disagree (some pass
-// shared buffers, some do not) fail the call with PeerError naming both, as for any
-// other mismatch. CHORUS_SHM_DIRECT=0 (CommOptions::shm_direct) turns the direct path
+//   allgather       each block is copied from its owner into every rank's buffer;
+//   broadcast       the root's buffer is copied into every rank's.
+// (A piece is done by one rank for all: with no more ranks than cores each takes a
+// contiguous share.) The path takes two phases where a small call through the node's
+// segment takes one, so it is taken where the cost model predicts it faster: from about
+// 16 KiB with the built-in parameters. Every other case takes the ordinary path. Ranks
+// of one node that disagree (some pass shared buffers, some do not) fail a call large
+// enough for the direct path with PeerError naming both, as for any other mismatch. CHORUS_SHM_DIRECT=0 (CommOptions::shm_direct) turns the direct path
 // off: shared buffers are then ordinary memory.
 //
 // Ordering: no rank reads or writes a peer's buffer before that peer has entered the

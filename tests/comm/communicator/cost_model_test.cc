@@ -132,8 +132,9 @@ TEST(CostModel, SharedMemoryAndHierarchicalOnlyWhereTheShapeAllowsThem) {
 }
 
 // The direct path on node-shared buffers skips the copies into the segment and out of
-// it: predicted faster than the segment path at every size and group size (so the
-// communicator takes it), and not at all where the shape has no shared memory.
+// it, but takes two phases: predicted faster than the segment path from 256 KiB at every
+// group size (so the communicator takes it there), slower for an 8-byte allreduce (one
+// phase through the segment), and not at all where the shape has no shared memory.
 TEST(CostModel, TheDirectPathIsPredictedFasterThanTheSegmentPath) {
   CostParams p;
   const Collective collectives[] = {Collective::kAllreduce, Collective::kReduceScatter,
@@ -141,7 +142,7 @@ TEST(CostModel, TheDirectPathIsPredictedFasterThanTheSegmentPath) {
   for (int ranks = 2; ranks <= 8; ++ranks) {
     Shape one_node{ranks, 1, ranks, true, false};
     for (Collective c : collectives) {
-      for (size_t bytes = 8; bytes <= (size_t{256} << 20); bytes *= 4) {
+      for (size_t bytes = 256 << 10; bytes <= (size_t{256} << 20); bytes *= 4) {
         const double direct = predicted_shared_us(c, bytes, one_node, p);
         const double segment = predicted_us(c, Algorithm::kShmDirect, bytes, one_node, p);
         EXPECT_TRUE(std::isfinite(segment)) << static_cast<int>(c);
@@ -149,6 +150,11 @@ TEST(CostModel, TheDirectPathIsPredictedFasterThanTheSegmentPath) {
                                    << " bytes " << bytes;
       }
     }
+  }
+  for (int ranks = 2; ranks <= 8; ++ranks) {
+    Shape one_node{ranks, 1, ranks, true, false};
+    EXPECT_GT(predicted_shared_us(Collective::kAllreduce, 8, one_node, p),
+              predicted_us(Collective::kAllreduce, Algorithm::kShmDirect, 8, one_node, p));
   }
   EXPECT_TRUE(std::isinf(predicted_shared_us(Collective::kAllreduce, 1 << 20, Shape{8, 2, 4, true, true}, p)));
   EXPECT_TRUE(std::isinf(predicted_shared_us(Collective::kAllreduce, 1 << 20, Shape{4, 1, 4, false, false}, p)));

@@ -163,18 +163,18 @@ TEST(SharedMemory, ReduceScatterAllgatherBroadcastInPlace) {
   }
 }
 
-// Ranks of which one passes node-shared buffers and the other ordinary ones fail the
-// call, each naming the other and what it passed.
+// Ranks of which one passes node-shared buffers and the other ordinary ones fail a call
+// large enough for the direct path, each naming the other and what it passed.
 TEST(SharedMemory, RanksThatDisagreeOnTheKindOfBufferFailNamingIt) {
   auto store = std::make_shared<InMemoryStore>();
   std::vector<std::string> messages(2);
   test::run_threads(2, [&](int rank) {
     auto c = Communicator::create(store, rank, 2, CommOptions{});
-    auto shared = allocate_shared(4096);
-    std::vector<float> ordinary(1024, 1.0f);
+    auto shared = allocate_shared(1 << 20);
+    std::vector<float> ordinary(1 << 18, 1.0f);
     void* buf = rank == 0 ? shared->data() : ordinary.data();
     try {
-      c->allreduce(buf, 1024, DataType::kFloat32, ReduceOp::kSum).wait();
+      c->allreduce(buf, 1 << 18, DataType::kFloat32, ReduceOp::kSum).wait();
     } catch (const PeerError& e) {
       messages[rank] = e.what();
     }
@@ -187,18 +187,22 @@ TEST(SharedMemory, RanksThatDisagreeOnTheKindOfBufferFailNamingIt) {
 }
 
 // CHORUS_SHM_DIRECT=0 (CommOptions::shm_direct): node-shared buffers are ordinary
-// memory, so a rank with them and a rank without agree.
+// memory, so a rank with them and a rank without agree; and so they do in a call too
+// small for the direct path (the cost model's cut-off, about 16 KiB), with it on.
 TEST(SharedMemory, DirectPathOffTreatsThemAsOrdinaryMemory) {
-  CommOptions o;
-  o.shm_direct = false;
-  run_ranks(2, [&](Communicator& c) {
-    auto shared = allocate_shared(4096);
-    std::vector<float> ordinary(1024);
-    auto* buf = c.rank() == 0 ? static_cast<float*>(shared->data()) : ordinary.data();
-    for (int i = 0; i < 1024; ++i) buf[i] = static_cast<float>(c.rank() + i);
-    c.allreduce(buf, 1024, DataType::kFloat32, ReduceOp::kSum).wait();
-    for (int i = 0; i < 1024; ++i) ASSERT_EQ(buf[i], static_cast<float>(1 + 2 * i));
-  }, o);
+  for (bool on : {false, true}) {
+    CommOptions o;
+    o.shm_direct = on;
+    const int count = on ? 64 : 1 << 18;
+    run_ranks(2, [&](Communicator& c) {
+      auto shared = allocate_shared(count * sizeof(float));
+      std::vector<float> ordinary(count);
+      auto* buf = c.rank() == 0 ? static_cast<float*>(shared->data()) : ordinary.data();
+      for (int i = 0; i < count; ++i) buf[i] = static_cast<float>(c.rank() + i);
+      c.allreduce(buf, count, DataType::kFloat32, ReduceOp::kSum).wait();
+      for (int i = 0; i < count; ++i) ASSERT_EQ(buf[i], static_cast<float>(1 + 2 * i));
+    }, o);
+  }
 }
 
 // One rank slow to enter and one fast, in place, over and over: the fast rank
