@@ -37,15 +37,22 @@ struct Tuning {
   // (4 ranks on 2 cores: 1 MiB 267 us in 256 KiB chunks, 433 us in 1 MiB chunks; 4 MiB
   // 1107 against 1736 us). At least kMinChunkBytes.
   size_t shared_chunk_bytes = 256 * 1024;
-  // Two ranks reduce every chunk whole, whatever its size, in chunks of this many bytes.
-  // Each rank reads its peer's whole chunk once, as it would read half the chunk and half
-  // the result with slices, but with one phase per chunk instead of two and no writes to
-  // lines the peer has just read. Measured against the sliced path (with cross-memory
-  // attach from 256 KiB to 32 MiB), 2 ranks on this 2-core machine: 64 KiB 18.7 ->
-  // 14.8-15.4 us, 1 MiB 168 -> 109-122 us, 16 MiB 3277 -> 2508-2605 us, 256 MiB 49.8 ->
-  // 41.2 ms (512 KiB chunks; 256 KiB: 51.2 ms, 1 MiB: 77.9 ms, when the chunk no longer
-  // stays in the cache between the copy and the peer's read). At least kMinChunkBytes.
-  size_t whole_chunk_bytes = 512 * 1024;
+  // Two ranks reduce chunks of up to pair_whole_bytes whole (one phase), larger ones in
+  // slices (allreduce.cc): two phases, but each rank copies in only the half its peer
+  // reduces, reduces its own half where its input is and copies only the peer's half
+  // out, about four passes of half the chunk against five of the whole one. Whole
+  // against slices, 2 ranks on this 2-core machine, in place / out of place (best of 3
+  // runs): 4 KiB 1.35 / 0.95 against 1.31 / 1.34 us, 8 KiB 2.34 / 1.58 against 2.23 /
+  // 1.52 us, 16 KiB 4.11 / 2.42 against 3.76 / 2.26 us, 128 KiB 27.0 / 14.1 against 24.7
+  // / 12.9 us; whole chunks of 512 KiB against slices, in place: 1 MiB 162 -> 62 us,
+  // 4 MiB 598 -> 298 us, 16 MiB 2.58 -> 1.83 ms, 256 MiB 42.1 -> 28.3 ms; out of place:
+  // 1 MiB 144 -> 77 us, 4 MiB 621 -> 342 us, 256 MiB 53.8 -> 47.0 ms.
+  size_t pair_whole_bytes = 8 * 1024;
+  // The chunks of two ranks (at least kMinChunkBytes). Slices in chunks of 256 KiB, 512
+  // KiB and 1 MiB, in place: 1 MiB 98.7, 73.2, 70.6 us; 4 MiB 402, 295, 294 us; 16 MiB
+  // 1.89, 1.76, 1.96 ms; 256 MiB 31.3, 25.3, 30.1 ms; out of place: 1 MiB 94.6, 77.5,
+  // 65.8 us; 4 MiB 406, 317, 407 us.
+  size_t pair_chunk_bytes = 512 * 1024;
   // Results of at least this many bytes are written around the caches (streaming
   // stores): they would not fit anyway, and a normal store first reads every line it
   // writes, a third more memory traffic.
@@ -113,7 +120,7 @@ struct Tuning {
   size_t tree_limit_bytes = 64 * 1024;
 
   // The smallest chunk a shared-memory allreduce may take (shared_chunk_bytes,
-  // whole_chunk_bytes): it must hold an element of every type, and a cache line.
+  // pair_chunk_bytes): it must hold an element of every type, and a cache line.
   static constexpr size_t kMinChunkBytes = 64;
 };
 

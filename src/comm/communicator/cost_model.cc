@@ -65,8 +65,10 @@ double best_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams&
 double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
 
 // Direct shared memory: copy in; small chunks (Tuning::whole_bytes) every rank reduces
-// whole. Two ranks reduce every chunk whole too (whole_chunk_bytes chunks, one phase
-// each); more share larger chunks out in pieces (shared_chunk_bytes chunks, a phase and
+// whole. Two ranks reduce chunks of up to pair_whole_bytes whole too (one phase each);
+// larger ones (pair_chunk_bytes) in slices, two phases each, a rank copying half the
+// chunk in, its half of the result to its buffer and the peer's half out, and reducing
+// half. More share larger chunks out in pieces (shared_chunk_bytes chunks, a phase and
 // a wait for the pieces each, a rank's share of the reduction about n) and copy the
 // result out.
 double shm_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
@@ -76,9 +78,13 @@ double shm_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
   }
   const bool pair = ranks == 2;
   const double chunk = static_cast<double>(
-      std::min(s.shm_chunk, pair ? t.whole_chunk_bytes : t.shared_chunk_bytes));
-  const double waits = (pair ? 1 : 2) * std::max(1.0, std::ceil(n / chunk));
-  return waits * p.shm_alpha_us + shm_copy_us(p, pair ? n : 2 * n) + reduce_us(p, n);
+      std::min(s.shm_chunk, pair ? t.pair_chunk_bytes : t.shared_chunk_bytes));
+  const double count = std::max(1.0, std::ceil(n / chunk));
+  if (pair && std::min(n, chunk) <= static_cast<double>(t.pair_whole_bytes)) {
+    return count * p.shm_alpha_us + shm_copy_us(p, n) + reduce_us(p, n);
+  }
+  if (pair) return 2 * count * p.shm_alpha_us + shm_copy_us(p, 1.5 * n) + reduce_us(p, n / 2);
+  return 2 * count * p.shm_alpha_us + shm_copy_us(p, 2 * n) + reduce_us(p, n);
 }
 
 double shm_reduce_scatter(double n, const Shape& s, const CostParams& p) {
@@ -130,7 +136,8 @@ constexpr TuningKey kTuningKeys[] = {
     {"whole_oversubscribed_bytes", &algorithms::Tuning::whole_oversubscribed_bytes, 0},
     {"whole_crowded_bytes", &algorithms::Tuning::whole_crowded_bytes, 0},
     {"shared_chunk_bytes", &algorithms::Tuning::shared_chunk_bytes, kMinChunk},
-    {"whole_chunk_bytes", &algorithms::Tuning::whole_chunk_bytes, kMinChunk},
+    {"pair_whole_bytes", &algorithms::Tuning::pair_whole_bytes, 0},
+    {"pair_chunk_bytes", &algorithms::Tuning::pair_chunk_bytes, kMinChunk},
     {"stream_bytes", &algorithms::Tuning::stream_bytes, 0},
     {"shared_piece_bytes", &algorithms::Tuning::shared_piece_bytes, 1},
     {"many_max_bytes", &algorithms::Tuning::many_max_bytes, 0},

@@ -72,11 +72,11 @@ TEST(CostModel, SetsTheThresholdsOfTheTuningTableByName) {
   EXPECT_EQ(p.tuning.whole_bytes, 16384u);
   EXPECT_EQ(p.tuning.tree_limit_bytes, 0u);
   EXPECT_EQ(p.tcp_gbps, 5);
-  EXPECT_EQ(p.tuning.whole_chunk_bytes, algorithms::kDefaultTuning.whole_chunk_bytes);
-  EXPECT_EQ(parse_cost_params("whole_chunk_bytes=64").tuning.whole_chunk_bytes, 64u);
+  EXPECT_EQ(p.tuning.pair_chunk_bytes, algorithms::kDefaultTuning.pair_chunk_bytes);
+  EXPECT_EQ(parse_cost_params("pair_chunk_bytes=64").tuning.pair_chunk_bytes, 64u);
   for (const char* bad : {"whole_bytes", "whole_bytes=", "whole_bytes=-1", "whole_bytes=1.5",
                           "whole_bytes=8K", "whole_bytes= 8", "whole_bytes=99999999999999999999999",
-                          "whole_chunk_bytes=63", "shared_piece_bytes=0", "whole_byte=8"}) {
+                          "pair_chunk_bytes=63", "shared_piece_bytes=0", "whole_byte=8"}) {
     EXPECT_THROW(parse_cost_params(bad), ConfigError) << bad;
   }
   try {

@@ -551,15 +551,16 @@ TEST(Shm, CrossMemoryAttachBroadcastsAndAllgathersExactly) {
 
 // The measured thresholds (algorithms/tuning.h) come from the communicator's cost
 // model, and the direct algorithms stay exact at the table's extremes: chunks of 64
-// bytes, no chunk reduced whole, one-byte pieces (one element) of the shared reduction,
+// bytes, no chunk reduced whole (two ranks: every chunk in slices, some of them empty;
+// allreduce also in place), one-byte pieces (one element) of the shared reduction,
 // streaming stores at every size, and cross-memory attach from the first byte, for 2
 // and 3 ranks (3 only with CHORUS_SHM_CMA=all), sums of int64 checked exactly.
 TEST(Shm, TheAlgorithmsStayExactAtTheTuningTablesExtremes) {
   CommOptions options = test::test_options();
   options.shm_cma = CommOptions::CrossMemoryAttach::kAnyNode;
   options.cost_model =
-      "whole_chunk_bytes=64,shared_chunk_bytes=64,whole_bytes=0,whole_oversubscribed_bytes=0,"
-      "whole_crowded_bytes=0,stream_bytes=0,shared_piece_bytes=1,many_max_bytes=0,"
+      "pair_chunk_bytes=64,pair_whole_bytes=0,shared_chunk_bytes=64,whole_bytes=0,"
+      "whole_oversubscribed_bytes=0,whole_crowded_bytes=0,stream_bytes=0,shared_piece_bytes=1,many_max_bytes=0,"
       "cma_broadcast_min_bytes=0,cma_allgather_min_bytes=0,cma_reduce_scatter_min_bytes=0,"
       "cma_reduce_min_bytes=0,cma_reduce_max_bytes=1000000000,cma_piece_bytes=24";
   auto value = [](size_t i, int r) { return static_cast<int64_t>(i * 2654435761u) + 7919 * r; };
@@ -578,6 +579,11 @@ TEST(Shm, TheAlgorithmsStayExactAtTheTuningTablesExtremes) {
         };
         c.allreduce(in.data(), out.data(), n, DataType::kInt64, ReduceOp::kSum).wait();
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], sum(i)) << "allreduce of " << n << ", " << i;
+        std::copy(in.begin(), in.end(), out.begin());
+        c.allreduce(out.data(), out.data(), n, DataType::kInt64, ReduceOp::kSum).wait();
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(out[i], sum(i)) << "allreduce in place of " << n << ", " << i;
+        }
         const int root = static_cast<int>(n % p);
         std::fill(out.begin(), out.end(), -1);
         c.reduce(in.data(), out.data(), n, DataType::kInt64, ReduceOp::kSum, root).wait();

@@ -1,10 +1,14 @@
 // Direct shared-memory allreduce (helpers.h says how the direct collectives move data).
 //
-// allreduce, two ranks (or small chunks, see Tuning::whole_bytes): each rank copies its
-// chunk in and, after one phase, reduces the whole chunk from every rank's buffer, in
-// rank order, into its output. All ranks add the same numbers in the same order, so all
-// get the same bytes. Chunks are half a buffer (Tuning::whole_chunk_bytes), so that a
-// rank's copy is still in its cache when the peer reads it.
+// allreduce, two ranks: chunks of up to Tuning::pair_whole_bytes each rank copies in
+// and, after one phase, reduces whole from both ranks' buffers, in rank order, into its
+// output. Larger chunks (Tuning::pair_chunk_bytes) go in slices: each rank copies in
+// only the half of the chunk its peer reduces and, after one phase, reduces its own half
+// from its own input, where it is, and the peer's copy, into its output and its buffer;
+// after a second phase it copies the peer's half of the result out. Each rank then
+// moves about four passes of half the chunk instead of five of the whole one, in place
+// or not. Every element is reduced once, in rank order, so both ranks get the same
+// bytes.
 // allreduce, more ranks: each rank copies its chunk in and, after one phase, the ranks
 // share the reduction out in pieces (NodeGroup's shared work): whichever rank runs takes
 // the next piece, reduces it from every rank's buffer, in rank order, into local rank
@@ -35,6 +39,28 @@ using shm::stream_done;
 
 namespace {
 
+// One chunk of a pair's allreduce in slices (the header says how): n elements from
+// `in` to `out`, through buffer b.
+void pair_slices(const Context& ctx, NodeGroup& g, int b, const uint8_t* in, uint8_t* out,
+                 size_t n, bool avg, bool stream) {
+  const size_t e = ctx.elem;
+  const int me = g.local_rank(), peer = 1 - me;
+  const size_t mine = block_begin(n, 2, me), mine_n = block_count(n, 2, me);
+  const size_t theirs = block_begin(n, 2, peer), theirs_n = block_count(n, 2, peer);
+  std::memcpy(g.buffer(me, b) + theirs * e, in + theirs * e, theirs_n * e);
+  g.arrive();
+  g.wait_all();
+  // In place, `result` is this rank's input: each element is read before it is written.
+  uint8_t* result = out + mine * e;
+  reduce_all(ctx, g, b, mine, mine_n, result, in + mine * e);
+  average(ctx, result, mine_n, avg);
+  std::memcpy(g.buffer(me, b) + mine * e, result, mine_n * e);
+  g.arrive();
+  g.wait_all();
+  if (stream) stream_copy(out + theirs * e, g.buffer(peer, b) + theirs * e, theirs_n * e);
+  else std::memcpy(out + theirs * e, g.buffer(peer, b) + theirs * e, theirs_n * e);
+}
+
 // The reduction of the chunk in every rank's buffer b (n elements), shared out in
 // pieces among the ranks that run, into local rank 0's buffer b; returns once every
 // piece is done.
@@ -62,7 +88,7 @@ void shm_allreduce(const Context& ctx, NodeGroup& g, const void* in, void* out, 
   const int me = g.local_rank();
   const bool pair = g.local_size() == 2, sliced = g.crowded();
   size_t chunk_bytes = g.buffer_bytes();
-  if (pair) chunk_bytes = std::min(chunk_bytes, ctx.tuning.whole_chunk_bytes);
+  if (pair) chunk_bytes = std::min(chunk_bytes, ctx.tuning.pair_chunk_bytes);
   else if (!sliced) chunk_bytes = std::min(chunk_bytes, ctx.tuning.shared_chunk_bytes);
   const size_t chunk = chunk_bytes / e;
   const Tuning& t = ctx.tuning;
@@ -76,6 +102,10 @@ void shm_allreduce(const Context& ctx, NodeGroup& g, const void* in, void* out, 
   for (size_t at = 0; at < count; at += chunk) {
     const size_t n = std::min(chunk, count - at);
     const int b = g.next_buffer();
+    if (pair && n * e > t.pair_whole_bytes) {
+      pair_slices(ctx, g, b, src + at * e, dst + at * e, n, avg, stream);
+      continue;
+    }
     const bool whole = pair || n * e <= whole_bytes;
     if (sliced && !whole) {
       reduce_own_slice(ctx, g, b, src + at * e, n, avg);
