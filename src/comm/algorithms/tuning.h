@@ -119,6 +119,18 @@ struct Tuning {
   // this many bytes and the pipelined chain beyond, where bandwidth dominates.
   size_t tree_limit_bytes = 64 * 1024;
 
+  // ---- flat allreduce over tcp (communicator/cost_model.cc: cheapest())
+
+  // Two ranks take recursive doubling (one exchange of everything) instead of
+  // halving-doubling (two exchanges of half, the second waiting for the first's
+  // reduction) up to this many bytes, where the cost formulas put the cut near 144 KiB.
+  // In-place f32 over loopback, chorus-bench, median us of 4-8 interleaved rounds in
+  // four sets: 256 KiB 74-91 against 88-100 (every set), 512 KiB 142 against 143 (one);
+  // 1 MiB 226-282 against 229-238, where halving-doubling's halved reduction wins.
+  // The automatic choice before and after, 6 rounds: 256 KiB 158 -> 100 us, 512 KiB
+  // 208 -> 127 us (Open MPI, MPI_IN_PLACE over btl tcp: 225 and 264 us).
+  size_t pair_rd_max_bytes = 512 * 1024;
+
   // The smallest chunk a shared-memory allreduce may take (shared_chunk_bytes,
   // pair_chunk_bytes): it must hold an element of every type, and a cache line.
   static constexpr size_t kMinChunkBytes = 64;

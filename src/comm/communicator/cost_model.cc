@@ -153,6 +153,7 @@ constexpr TuningKey kTuningKeys[] = {
     {"hier_allreduce_halving_bytes", &algorithms::Tuning::hier_allreduce_halving_bytes, 0},
     {"hier_broadcast_small_bytes", &algorithms::Tuning::hier_broadcast_small_bytes, 0},
     {"tree_limit_bytes", &algorithms::Tuning::tree_limit_bytes, 0},
+    {"pair_rd_max_bytes", &algorithms::Tuning::pair_rd_max_bytes, 0},
 };
 
 static_assert(std::size(kTuningKeys) * sizeof(size_t) == sizeof(algorithms::Tuning),
@@ -293,6 +294,14 @@ Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, cons
       best_us = us;
       best = a;
     }
+  }
+  // Measured cut-off (Tuning::pair_rd_max_bytes): between two ranks the second exchange
+  // of halving-doubling costs more than the formulas' alpha up to it.
+  const bool rd_allowed = std::find(candidates.begin(), candidates.end(),
+                                    Algorithm::kRecursiveDoubling) != candidates.end();
+  if (collective == Collective::kAllreduce && shape.size == 2 && rd_allowed &&
+      best == Algorithm::kHalvingDoubling && bytes <= p.tuning.pair_rd_max_bytes) {
+    return Algorithm::kRecursiveDoubling;
   }
   return best;
 }

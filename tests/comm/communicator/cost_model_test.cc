@@ -105,6 +105,19 @@ TEST(CostModel, LatencyAlgorithmsForSmallBandwidthAlgorithmsForLarge) {
     EXPECT_EQ(cheapest(Collective::kAllreduce, 8, s, p, kFlat), Algorithm::kRecursiveDoubling) << size;
     EXPECT_EQ(cheapest(Collective::kAllreduce, 256 << 20, s, p, kFlat), Algorithm::kRing) << size;
   }
+  // Two ranks keep recursive doubling up to the measured cut-off, where the formulas
+  // alone would take halving-doubling (Tuning::pair_rd_max_bytes), and only two.
+  Shape pair;
+  pair.size = 2;
+  const size_t cut = p.tuning.pair_rd_max_bytes;
+  EXPECT_EQ(cheapest(Collective::kAllreduce, 256 << 10, pair, p, kFlat), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(cheapest(Collective::kAllreduce, cut, pair, p, kFlat), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(cheapest(Collective::kAllreduce, 2 * cut, pair, p, kFlat), Algorithm::kHalvingDoubling);
+  CostParams no_cut = parse_cost_params("pair_rd_max_bytes=0");
+  EXPECT_EQ(cheapest(Collective::kAllreduce, 256 << 10, pair, no_cut, kFlat), Algorithm::kHalvingDoubling);
+  Shape four;
+  four.size = 4;
+  EXPECT_EQ(cheapest(Collective::kAllreduce, 256 << 10, four, p, kFlat), Algorithm::kHalvingDoubling);
   // The predicted time grows with the size for every algorithm.
   Shape s;
   s.size = 5;
