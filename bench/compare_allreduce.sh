@@ -1,36 +1,45 @@
 #!/usr/bin/env bash
 # Allreduce (f32 sum, local ranks) of chorus, Gloo and Open MPI, measured in one run
-# on this machine and printed side by side.
+# on this machine and printed side by side, with memcpy's bandwidth at each size.
 #
-# Usage: bench/compare_allreduce.sh [-T tcp|shm] [-p RANKS] [-b MINBYTES] [-e MAXBYTES]
-#            [-f FACTOR] [-n ITERS] [-w WARMUP] [-L LARGE] [-N ITERS_LARGE]
+# Usage: bench/compare_allreduce.sh [-T tcp|shm] [-m in|out] [-p RANKS] [-b MINBYTES]
+#            [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] [-L LARGE] [-N ITERS_LARGE]
 #            [-W WARMUP_LARGE] [-t TIMEOUT_S] [-R REPEATS] [-c CSV] [-P PNG]
 #   -T        tcp: chorus and Open MPI over TCP on 127.0.0.1 (btl self,tcp);
 #             shm: both through shared memory (chorus's shm transport, Open MPI's
-#             vader btl). Gloo has only TCP and runs over 127.0.0.1 in both (default tcp)
+#             vader btl), and chorus once more on buffers from chorus::allocate_shared
+#             ("chorus shared": its direct path). Gloo has only TCP and runs over
+#             127.0.0.1 in both (default tcp)
+#   -m        in: chorus and Open MPI (MPI_IN_PLACE) reduce in place, as DDP does;
+#             out: out of place, from a send buffer into a receive buffer (default in)
 #   -p        ranks, all on this machine                 (default 2)
 #   -b/-e/-f  sizes, K/M/G suffixes allowed            (default 8, 256M, 2)
 #   -n/-w     timed and warm-up iterations per size   (default 20, 5)
 #   -L        sizes above this use -N/-W instead       (default 32M)
 #   -N/-W     iterations for those large sizes        (default ceil(n/4), ceil(w/5))
 #   -t        deadline of each program run, seconds   (default 600)
-#   -R        runs of the whole set, round robin over the libraries; each time
-#             is the best of the runs, against load from other processes (default 1)
+#   -R        runs of the whole set, round robin over the programs; each time is the
+#             best of the runs, against load from other processes (default 1)
 #   -c        also write the table as CSV: library,transport,ranks,bytes,time_us,
-#             busbw_gbs, one row per library and size
+#             busbw_gbs,mode, one row per library and size (library chorus,
+#             chorus-shared, gloo, mpi, or memcpy: 1 rank, its GB/s as busbw_gbs)
 #   -P        also draw busbw against size (scripts/plot busbw) into this PNG
-# Every library gets the same sizes and iteration counts. Time is the average per op
-# of back-to-back ops, max over the 2 ranks; busbw = size/time * 2(n-1)/n (nccl-tests).
-# chorus and MPI run out of place; torch's all_reduce (Gloo) only runs in place.
+# Every program gets the same sizes and iteration counts. Time is the average per op
+# of back-to-back ops, max over the ranks; busbw = size/time * 2(n-1)/n (nccl-tests).
+# In place every op reduces what the one before wrote (no input is restored between
+# timed ops); torch's all_reduce (Gloo) only runs in place, so it does in both modes.
+# memcpy: one process copying the size between two buffers back to back
+# (bench/memcpy_bench.cc), GB/s = size/time: the cost of moving the bytes once, on
+# this machine at this moment; cs/memcpy = chorus shared's busbw over it.
 # Each program also checks its results (#wrong elements must be 0).
-# Environment: CHORUS_BENCH=path uses that binary instead of building
-# build/bin/chorus-bench. Exits non-zero when a library fails, times out or returns
-# wrong results.
+# Environment: CHORUS_BENCH=path uses that binary, and the memcpy-bench beside it,
+# instead of building build/bin/chorus-bench and build/bin/memcpy-bench. Exits
+# non-zero when a program fails, times out or returns wrong results.
 set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
-RANKS=2 TRANSPORT=tcp
+RANKS=2 TRANSPORT=tcp MODE=in
 
 min_bytes=8 max_bytes=256M factor=2 iters=20 warmup=5 large=32M timeout_s=600 repeats=1
 iters_large="" warmup_large="" csv="" png=""
@@ -38,7 +47,7 @@ iters_large="" warmup_large="" csv="" png=""
 die() { echo "compare_allreduce: $*" >&2; exit 1; }
 
 # Prints the usage lines of the header; exits with $1.
-usage() { sed -n '5,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
+usage() { sed -n '5,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
 
 # Bytes of "N", "NK", "NM" or "NG" (powers of 1024); exits 2 naming the option.
 to_bytes() {
@@ -51,9 +60,9 @@ to_bytes() {
 
 parse_args() {
   local opt
-  while getopts "T:p:b:e:f:n:w:L:N:W:t:R:c:P:h" opt; do
+  while getopts "T:m:p:b:e:f:n:w:L:N:W:t:R:c:P:h" opt; do
     case $opt in
-      T) TRANSPORT=$OPTARG ;; p) RANKS=$OPTARG ;;
+      T) TRANSPORT=$OPTARG ;; m) MODE=$OPTARG ;; p) RANKS=$OPTARG ;;
       b) min_bytes=$OPTARG ;; e) max_bytes=$OPTARG ;; f) factor=$OPTARG ;;
       n) iters=$OPTARG ;; w) warmup=$OPTARG ;; L) large=$OPTARG ;;
       N) iters_large=$OPTARG ;; W) warmup_large=$OPTARG ;; t) timeout_s=$OPTARG ;;
@@ -68,6 +77,7 @@ parse_args() {
   iters_large=$(to_bytes -N "${iters_large:-$(( (iters + 3) / 4 ))}")
   warmup_large=$(to_bytes -W "${warmup_large:-$(( (warmup + 4) / 5 ))}")
   [[ $TRANSPORT == tcp || $TRANSPORT == shm ]] || { echo "compare_allreduce: -T must be tcp or shm" >&2; exit 2; }
+  [[ $MODE == in || $MODE == out ]] || { echo "compare_allreduce: -m must be in or out" >&2; exit 2; }
   RANKS=$(to_bytes -p "$RANKS")
   ((RANKS >= 2)) || { echo "compare_allreduce: -p must be >= 2" >&2; exit 2; }
   ((repeats >= 1)) || { echo "compare_allreduce: -R must be >= 1" >&2; exit 2; }
@@ -97,10 +107,13 @@ build_programs() {
     [[ -f $ROOT/build/CMakeCache.txt ]] ||
       timeout 600 cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >&2 ||
       die "cmake configure failed"
-    timeout 1800 cmake --build "$ROOT/build" -j "$(nproc)" --target chorus-bench >&2 ||
-      die "building chorus-bench failed"
+    # memcpy-bench is a target of bench/, which needs libtorch (CMakeLists.txt).
+    timeout 1800 cmake --build "$ROOT/build" -j "$(nproc)" --target chorus-bench memcpy-bench >&2 ||
+      die "building chorus-bench and memcpy-bench failed"
   fi
+  MEMCPY_BENCH=$(dirname "$CHORUS_BENCH")/memcpy-bench
   [[ -x $CHORUS_BENCH ]] || die "no chorus-bench at $CHORUS_BENCH"
+  [[ -x $MEMCPY_BENCH ]] || die "no memcpy-bench at $MEMCPY_BENCH (beside chorus-bench)"
   timeout 300 mpicc -O2 -o "$WORK/mpi_allreduce" "$ROOT/bench/mpi_allreduce.c" || die "mpicc failed"
   timeout 300 $PY -c 'import torch.distributed as d; assert d.is_available()' ||
     die "$PY cannot import torch.distributed (python3-torch)"
@@ -120,11 +133,23 @@ fail_run() {
 }
 
 # run_LIB BAND_ARGS... : appends "size time_us wrong" (or JSON) lines to $WORK/LIB.out.
-run_chorus() {
+# chorus_bench LIB ARGS...: chorus-bench in -m's mode, as LIB.
+chorus_bench() {
+  local lib=$1 rc=0
+  shift
+  env -u CHORUS_ALGO -u CHORUS_NODE_ID -u CHORUS_SHM_DIRECT CHORUS_TRANSPORT="$TRANSPORT" \
+    timeout -k 10 "$timeout_s" "$CHORUS_BENCH" --np "$RANKS" -o allreduce -d f32 -r sum -c 1 \
+    --json -m "$MODE" "$@" >>"$WORK/$lib.out" 2>>"$WORK/$lib.log" || rc=$?
+  ((rc == 0)) || fail_run "$lib" "$rc" "$WORK/$lib.log"
+}
+
+run_chorus() { chorus_bench chorus "$@"; }
+run_shared() { chorus_bench shared --buffers shared "$@"; }
+
+run_memcpy() {
   local rc=0
-  env -u CHORUS_ALGO -u CHORUS_NODE_ID CHORUS_TRANSPORT="$TRANSPORT" timeout -k 10 "$timeout_s" "$CHORUS_BENCH" --np "$RANKS" \
-    -o allreduce -d f32 -r sum -c 1 --json "$@" >>"$WORK/chorus.out" 2>>"$WORK/chorus.log" || rc=$?
-  ((rc == 0)) || fail_run chorus "$rc" "$WORK/chorus.log"
+  timeout -k 10 "$timeout_s" "$MEMCPY_BENCH" "$@" >>"$WORK/memcpy.out" 2>>"$WORK/memcpy.log" || rc=$?
+  ((rc == 0)) || fail_run memcpy "$rc" "$WORK/memcpy.log"
 }
 
 run_mpi() {
@@ -133,7 +158,7 @@ run_mpi() {
   [[ $TRANSPORT == shm ]] && btl=(--mca btl self,vader)
   timeout -k 10 "$timeout_s" mpirun --allow-run-as-root --oversubscribe --mca pml ob1 \
     "${btl[@]}" --mca oob_tcp_if_include lo \
-    -np "$RANKS" "$WORK/mpi_allreduce" "$@" >>"$WORK/mpi.out" 2>>"$WORK/mpi.log" || rc=$?
+    -np "$RANKS" "$WORK/mpi_allreduce" -m "$MODE" "$@" >>"$WORK/mpi.out" 2>>"$WORK/mpi.log" || rc=$?
   ((rc == 0)) || fail_run mpi "$rc" "$WORK/mpi.log"
 }
 
@@ -162,7 +187,7 @@ run_gloo() {
   rm -f "$WORK"/gloo.out.*
 }
 
-# Runs every library over the sizes up to -L, then over the larger ones.
+# Runs every program over the sizes up to -L, then over the larger ones.
 run_all() {
   local size=$min_bytes first_large=0 last_small=0
   while ((size <= max_bytes)); do
@@ -171,7 +196,7 @@ run_all() {
   done
   local lib run
   for ((run = 1; run <= repeats; run++)); do
-    for lib in chorus gloo mpi; do
+    for lib in "${LIBS[@]}"; do
       echo "compare_allreduce: running $lib ($run/$repeats)" >&2
       ((last_small == 0)) || "run_$lib" -b "$min_bytes" -e "$last_small" -f "$factor" -n "$iters" -w "$warmup"
       ((first_large == 0)) || "run_$lib" -b "$first_large" -e "$max_bytes" -f "$factor" \
@@ -180,14 +205,15 @@ run_all() {
   done
 }
 
-# Joins the three outputs by size and prints the table; exits 1 on missing sizes or
-# wrong results.
+# Joins the outputs by size and prints the table; exits 1 on missing sizes or wrong
+# results.
 print_table() {
-  $PY - "$WORK" "$RANKS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$TRANSPORT" "$1" <<'EOF'
+  $PY - "$WORK" "$RANKS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$TRANSPORT" "$MODE" \
+    "$1" "${LIBS[@]}" <<'EOF'
 import csv, json, sys
 work, ranks, load_before, load_after = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-transport, csv_path = sys.argv[5], sys.argv[6]
-libs = ("chorus", "gloo", "mpi")
+transport, mode, csv_path, libs = sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8:]
+shared = "shared" in libs
 
 def rows(lib):
     """{size: (best time_us over the runs, wrong elements summed over the runs)}"""
@@ -198,6 +224,8 @@ def rows(lib):
             continue
         if line.startswith("{"):
             r = json.loads(line)
+            if r["mode"] != mode:
+                sys.exit(f"compare_allreduce: {lib}: a row of mode {r['mode']}, not {mode}")
             size, time_us, wrong = r["size"], r["time_us"], r["wrong"]
         else:
             size, time_us, wrong = line.split()
@@ -213,40 +241,60 @@ if missing:
     sys.exit(f"compare_allreduce: missing results: {missing[:5]}")
 factor = 2 * (ranks - 1) / ranks
 busbw = lambda size, us: size / (us * 1e3) * factor  # GB/s
-head = ("size", "chorus_us", "gloo_us", "mpi_us", "chorus_bw", "gloo_bw", "mpi_bw",
-        "c/gloo_bw", "c/mpi_bw", "c/mpi_lat")
+gbs = lambda size, us: size / (us * 1e3) if us > 0 else float("inf")  # memcpy: bytes copied per second
+allreduces = [lib for lib in libs if lib != "memcpy"]
+short = {"chorus": "chorus", "shared": "c_shared", "gloo": "gloo", "mpi": "mpi"}
+head = (["size"] + [f"{short[l]}_us" for l in allreduces] + [f"{short[l]}_bw" for l in allreduces]
+        + ["memcpy_bw", "c/gloo_bw", "c/mpi_bw", "c/mpi_lat"]
+        + (["cs/mpi_bw", "cs/memcpy"] if shared else []))
 where = ("TCP over 127.0.0.1" if transport == "tcp" else
          "chorus and Open MPI (vader) in shared memory, Gloo over TCP on 127.0.0.1")
-print(f"# allreduce f32 sum, {ranks} ranks, {where}; time in us (avg per op, "
-      "max over ranks); busbw in GB/s; ratios chorus/other")
+layout = ("in place (Open MPI: MPI_IN_PLACE)" if mode == "in" else
+          "out of place (Gloo: in place, its only form)")
+print(f"# allreduce f32 sum, {ranks} ranks, {layout}, {where}")
+print("# time in us (avg per op, max over ranks); busbw in GB/s; memcpy_bw: GB/s of one "
+      "process copying the size (memcpy-bench); ratios of busbw, latency c/mpi_lat")
+if shared:
+    print("# c_shared: chorus on buffers from chorus::allocate_shared (its direct path)")
 print("# c/gloo_bw, c/mpi_bw > 1 and c/mpi_lat < 1 (sizes up to 64 KiB) favour chorus")
 print(f"# load average (1/5/15 min) before: {load_before}, after: {load_after}")
 print("".join(f"{h:>12}" for h in head))
-wrong = 0
 for s in sizes:
-    t = [data[lib][s][0] for lib in libs]
-    bw = [busbw(s, x) for x in t]
-    wrong += sum(data[lib][s][1] for lib in libs)
-    lat = f"{t[0] / t[2]:12.2f}" if s <= 64 * 1024 else f"{'-':>12}"
-    print(f"{s:>12}" + "".join(f"{x:12.1f}" for x in t) + "".join(f"{x:12.3f}" for x in bw)
-          + f"{bw[0] / bw[1]:12.2f}{bw[0] / bw[2]:12.2f}" + lat)
+    t = {lib: data[lib][s][0] for lib in libs}
+    bw = {lib: busbw(s, t[lib]) for lib in allreduces}
+    copy = gbs(s, t["memcpy"])
+    lat = f"{t['chorus'] / t['mpi']:12.2f}" if s <= 64 * 1024 else f"{'-':>12}"
+    line = (f"{s:>12}" + "".join(f"{t[l]:12.1f}" for l in allreduces)
+            + "".join(f"{bw[l]:12.3f}" for l in allreduces) + f"{copy:12.3f}"
+            + f"{bw['chorus'] / bw['gloo']:12.2f}{bw['chorus'] / bw['mpi']:12.2f}" + lat)
+    if shared:
+        line += f"{bw['shared'] / bw['mpi']:12.2f}{bw['shared'] / copy:12.2f}"
+    print(line)
 if csv_path:
+    names = {"shared": "chorus-shared"}
     with open(csv_path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(("library", "transport", "ranks", "bytes", "time_us", "busbw_gbs"))
+        out.writerow(("library", "transport", "ranks", "bytes", "time_us", "busbw_gbs", "mode"))
         for lib in libs:
             for s in sizes:
                 us = data[lib][s][0]
-                out.writerow((lib, "tcp" if lib == "gloo" else transport, ranks, s, f"{us:.3f}",
-                              f"{busbw(s, us):.6f}"))
+                if lib == "memcpy":
+                    row = ("memcpy", "memory", 1, s, f"{us:.3f}", f"{gbs(s, us):.6f}", "copy")
+                else:
+                    row = (names.get(lib, lib), "tcp" if lib == "gloo" else transport, ranks, s,
+                           f"{us:.3f}", f"{busbw(s, us):.6f}", "in" if lib == "gloo" else mode)
+                out.writerow(row)
 bad = {lib: sum(w for _, w in data[lib].values()) for lib in libs}
-if wrong:
+if any(bad.values()):
     sys.exit(f"compare_allreduce: wrong elements: {bad}")
 EOF
 }
 
 main() {
   parse_args "$@"
+  # The programs, in the order of each round and of the table's columns.
+  LIBS=(chorus gloo mpi memcpy)
+  [[ $TRANSPORT == shm ]] && LIBS=(chorus shared gloo mpi memcpy)
   LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
   ensure_packages
   WORK=$(mktemp -d /tmp/compare_allreduce.XXXXXX)

@@ -4,6 +4,7 @@
 #           machine share the cores, so the ratio shows what oversubscription costs);
 #   hier:   4 ranks as 2 simulated nodes of 2 (CHORUS_NODE_ID), the hierarchical
 #           algorithm (shared memory inside a node, tcp between) against the flat ring.
+# Every run is out of place (chorus-bench -m out), as these comparisons were made.
 #
 # Usage: bench/compare_shm_scaling.sh [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS]
 #            [-w WARMUP] [-R REPEATS] [-t TIMEOUT_S]
@@ -49,7 +50,7 @@ run() {
   local name=$1 rc=0
   shift
   env -u CHORUS_ALGO -u CHORUS_NODE_ID -u CHORUS_TRANSPORT timeout -k 10 "$timeout_s" \
-    "$CHORUS_BENCH" -o allreduce -d f32 -r sum -c 1 --json -b "$min" -e "$max" -f "$factor" \
+    "$CHORUS_BENCH" -o allreduce -d f32 -r sum -c 1 --json -m out -b "$min" -e "$max" -f "$factor" \
     -n "$iters" -w "$warmup" "$@" >>"$WORK/$name" 2>>"$WORK/log" || rc=$?
   ((rc == 0)) || { tail -n 20 "$WORK/log" >&2; die "$name failed (exit status $rc)"; }
 }

@@ -1,13 +1,20 @@
 // Open MPI allreduce (f32 sum) timing, the MPI column of bench/compare_allreduce.sh.
 //
 // Usage: mpi_allreduce [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]
+//                      [-m out|in]
 // Sizes take K/M/G suffixes (powers of 1024). For every size from MINBYTES to MAXBYTES
 // (multiplied by FACTOR each step) it runs WARMUP allreduces, then a barrier, then
-// ITERS back-to-back out-of-place MPI_Allreduce calls; the time per op is the average,
-// taken as the maximum over ranks. Rank 0 prints one machine-readable line per size:
+// ITERS back-to-back MPI_Allreduce calls; the time per op is the average, taken as the
+// maximum over ranks. -m out (the default): from a send buffer into a receive buffer;
+// -m in: MPI_IN_PLACE on one buffer, each op reducing what the one before wrote (no
+// input is restored between timed ops, which would time a copy with them; the values
+// double each op on 2 ranks and reach inf after about 125 ops, which costs a float
+// addition nothing). Rank 0 prints one
+// machine-readable line per size:
 //   size_bytes time_us wrong_elements
 // Lines starting with '#' are comments. Inputs are rank+1 on every element, so every
-// output element must equal size*(size+1)/2 (exact in f32 for small worlds).
+// output element must equal size*(size+1)/2 (exact in f32 for small worlds); the check
+// runs one more op (in place: on freshly filled input) after the timed ones.
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +25,7 @@
 typedef struct {
   size_t min_bytes, max_bytes, factor;
   int iters, warmup;
+  int in_place;
 } Options;
 
 static size_t parse_size(const char* opt, const char* text) {
@@ -36,15 +44,22 @@ bad:
 }
 
 static Options parse_options(int argc, char** argv) {
-  Options o = {8, 256ull << 20, 2, 20, 5};
+  Options o = {8, 256ull << 20, 2, 20, 5, 0};
   int c;
-  while ((c = getopt(argc, argv, "b:e:f:n:w:")) != -1) {
+  while ((c = getopt(argc, argv, "b:e:f:n:w:m:")) != -1) {
     switch (c) {
       case 'b': o.min_bytes = parse_size("-b", optarg); break;
       case 'e': o.max_bytes = parse_size("-e", optarg); break;
       case 'f': o.factor = parse_size("-f", optarg); break;
       case 'n': o.iters = (int)parse_size("-n", optarg); break;
       case 'w': o.warmup = (int)parse_size("-w", optarg); break;
+      case 'm':
+        if (strcmp(optarg, "in") != 0 && strcmp(optarg, "out") != 0) {
+          fprintf(stderr, "mpi_allreduce: -m must be out or in, not '%s'\n", optarg);
+          exit(2);
+        }
+        o.in_place = strcmp(optarg, "in") == 0;
+        break;
       default: exit(2);
     }
   }
@@ -55,8 +70,9 @@ static Options parse_options(int argc, char** argv) {
   return o;
 }
 
-// Average seconds per allreduce of `count` floats on this rank.
-static double time_allreduce(const float* send, float* recv, size_t count, const Options* o) {
+// Average seconds per allreduce of `count` floats on this rank; send is MPI_IN_PLACE in
+// place.
+static double time_allreduce(const void* send, float* recv, size_t count, const Options* o) {
   for (int i = 0; i < o->warmup; ++i)
     MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -64,6 +80,10 @@ static double time_allreduce(const float* send, float* recv, size_t count, const
   for (int i = 0; i < o->iters; ++i)
     MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   return (MPI_Wtime() - start) / o->iters;
+}
+
+static void fill(float* buf, size_t count, float value) {
+  for (size_t i = 0; i < count; ++i) buf[i] = value;
 }
 
 static long count_wrong(const float* recv, size_t count, int world) {
@@ -86,12 +106,19 @@ int main(int argc, char** argv) {
     fprintf(stderr, "mpi_allreduce: out of memory for %zu bytes\n", o.max_bytes);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  for (size_t i = 0; i < max_count; ++i) send[i] = (float)(rank + 1);
-  if (rank == 0) printf("# mpi allreduce f32 sum, %d ranks: size_bytes time_us wrong\n", world);
+  fill(send, max_count, (float)(rank + 1));
+  fill(recv, max_count, (float)(rank + 1));
+  const void* source = o.in_place ? MPI_IN_PLACE : (const void*)send;
+  if (rank == 0)
+    printf("# mpi allreduce f32 sum, %d ranks, %s: size_bytes time_us wrong\n", world,
+           o.in_place ? "in place" : "out of place");
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
     size_t count = bytes / sizeof(float);
-    memset(recv, 0, count * sizeof(float));
-    double local = time_allreduce(send, recv, count, &o), slowest = 0;
+    double local = time_allreduce(source, recv, count, &o), slowest = 0;
+    // The check: one more op on fresh input (in place) or into a zeroed buffer.
+    if (o.in_place) fill(recv, count, (float)(rank + 1));
+    else memset(recv, 0, count * sizeof(float));
+    MPI_Allreduce(source, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     long wrong = count_wrong(recv, count, world), total_wrong = 0;
     MPI_Reduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&wrong, &total_wrong, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);

@@ -1,8 +1,10 @@
 // chorus-bench: the collective benchmark, shaped like nccl-tests.
 //
 // Each rank runs the chosen collective over sizes from --minbytes to --maxbytes; rank 0
-// prints one row per size (size, count, type, redop, algorithm, time, algbw, busbw,
-// wrong elements), as a table or, with --json, as JSON lines. Ranks come from the
+// prints one row per size (size, count, type, redop, algorithm, then time, algbw, busbw
+// and wrong elements out of place and in place, as --mode asks), as a table or, with
+// --json, as JSON lines (one per size and mode). --buffers shared allocates the buffers
+// in node-shared memory (chorus::allocate_shared). Ranks come from the
 // environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or --np N starts N local
 // ranks of this same program on 127.0.0.1 and supervises them (launch.h); --nodes K
 // then makes them K simulated nodes (CHORUS_NODE_ID), for the hierarchical algorithms.
@@ -33,7 +35,8 @@ int run_rank(const Options& o) {
   int64_t wrong = 0;
   for (uint64_t bytes = o.min_bytes;; bytes *= o.step_factor) {
     Row r = measure_size(b, bytes);
-    wrong += r.wrong.value_or(0);
+    if (r.out) wrong += r.out->wrong.value_or(0);
+    if (r.in) wrong += r.in->wrong.value_or(0);
     if (comm->rank() == 0) print_row(b, r);
     if (bytes > o.max_bytes / o.step_factor) break;
   }

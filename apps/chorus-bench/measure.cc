@@ -1,5 +1,6 @@
 #include "measure.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -43,10 +44,49 @@ Shape shape_of(const CollectiveInfo& info, size_t elements, int rank, int size) 
   }
 }
 
-Work issue(Bench& b, const Shape& s) {
+// Where one op reads its input and writes its result: as pointers, or as element
+// offsets into the one buffer of an in-place op.
+struct Pointers {
+  std::byte* in;
+  std::byte* out;
+};
+struct Offsets {
+  size_t in, out;
+};
+
+// In place, where the input and the result start in the one buffer, in elements, as
+// communicator.h spells it ("In place"): allgather(v)'s and gather's send is this rank's
+// block of the result (on the root, gather's send == recv + root*count),
+// reduce_scatter's and scatter's recv is this rank's block of the input; the other
+// collectives pass one pointer twice. Off the root too, gather's send and scatter's recv
+// are this rank's block of the buffer (the other pointer is unused there), as in
+// nccl-tests.
+Offsets in_place_offsets(const Bench& b, const Shape& s) {
+  const size_t mine = static_cast<size_t>(b.comm.rank()) * s.block;
+  switch (b.info.collective) {
+    case Collective::kAllgather:
+    case Collective::kAllgatherv:
+    case Collective::kGather: return {mine, 0};
+    case Collective::kReduceScatter:
+    case Collective::kScatter: return {0, mine};
+    case Collective::kSend: throw std::logic_error("sendrecv has no in-place form");
+    default: return {0, 0};
+  }
+}
+
+// The buffers one op passes: out of place the send and receive buffers, in place both
+// inside the receive buffer.
+Pointers pointers(const Bench& b, const Shape& s, bool in_place) {
+  if (!in_place) return {b.send.data(), b.recv.data()};
+  const Offsets at = in_place_offsets(b, s);
+  const size_t elem = dtype_size(b.options.dtype);
+  return {b.recv.data() + at.in * elem, b.recv.data() + at.out * elem};
+}
+
+Work issue(Bench& b, const Shape& s, const Pointers& p) {
   Communicator& c = b.comm;
-  const void* in = b.send.data();
-  void* out = b.recv.data();
+  const void* in = p.in;
+  void* out = p.out;
   DataType t = b.options.dtype;
   ReduceOp op = b.options.op;
   switch (b.info.collective) {
@@ -83,11 +123,15 @@ Work issue(Bench& b, const Shape& s) {
 }
 
 // Average microseconds per op over `iters` back-to-back ops, the maximum over ranks.
-double time_op(Bench& b, const Shape& s) {
-  for (int i = 0; i < b.options.warmup; ++i) issue(b, s).wait();
+// In place every op reads what the one before wrote: no input is restored between ops
+// (that copy would be timed with them), so the values grow (a sum over 2 ranks doubles
+// each op) and may overflow to inf or wrap around, which costs the reduction kernels
+// nothing; the check runs on freshly filled buffers afterwards.
+double time_op(Bench& b, const Shape& s, const Pointers& p) {
+  for (int i = 0; i < b.options.warmup; ++i) issue(b, s, p).wait();
   b.comm.barrier().wait();
   auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < b.options.iters; ++i) issue(b, s).wait();
+  for (int i = 0; i < b.options.iters; ++i) issue(b, s, p).wait();
   std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
   double us = elapsed.count() / b.options.iters;
   b.comm.allreduce(&us, 1, DataType::kFloat64, ReduceOp::kMax).wait();
@@ -103,11 +147,21 @@ void poison(void* data, DataType dtype, size_t count) {
   for (size_t i = 0; i < count; ++i) std::memcpy(static_cast<std::byte*>(data) + i * elem, one, elem);
 }
 
-// The wrong elements of this rank's receive buffer after one op of shape `s`.
-int64_t count_wrong(const Bench& b, const Shape& s) {
+// This rank's input, elements 0..n of its pattern, into buf: reduce_input() for the
+// reducing collectives, move_value() for the others.
+void fill_input(const Bench& b, std::byte* buf, size_t n) {
+  const Options& o = b.options;
+  if (b.info.reduces) {
+    test::fill_reduce_input(o.dtype, o.op, b.comm.rank(), buf, 0, n);
+  } else {
+    test::fill_move(o.dtype, b.comm.rank(), buf, 0, n);
+  }
+}
+
+// The wrong elements of this rank's result, at `out`, after one op of shape `s`.
+int64_t count_wrong(const Bench& b, const Shape& s, const std::byte* out) {
   const DataType t = b.options.dtype;
   const int rank = b.comm.rank(), size = b.comm.size();
-  const std::byte* out = b.recv.data();
   const size_t block_bytes = s.block * dtype_size(t);
   if (b.info.reduces) {
     const size_t first = b.info.collective == Collective::kReduceScatter ? rank * s.block : 0;
@@ -139,11 +193,29 @@ int64_t count_wrong(const Bench& b, const Shape& s) {
   return static_cast<int64_t>(wrong);
 }
 
-// One more op on a poisoned receive buffer; wrong elements summed over ranks.
-int64_t check_op(Bench& b, const Shape& s) {
-  poison(b.recv.data(), b.options.dtype, s.recv_count);
-  issue(b, s).wait();
-  int64_t wrong = count_wrong(b, s);
+// One more op on fresh input, with whatever the op must write poisoned; wrong elements
+// summed over ranks. Out of place the send buffer gets its input back (an in-place check
+// before poisoned it) and the receive buffer is poisoned. In place the one buffer is
+// poisoned, the input filled in at its place (in_place_offsets(), not the pointers that
+// were passed) and the result read from its place there, and the send buffer (if any) is
+// poisoned: an op that read its input from elsewhere or left its result elsewhere counts
+// wrong elements.
+int64_t check_op(Bench& b, const Shape& s, bool in_place) {
+  const DataType t = b.options.dtype;
+  const size_t elem = dtype_size(t);
+  std::byte *in = b.send.data(), *out = b.recv.data();
+  if (in_place) {
+    poison(out, t, s.count);
+    if (in != nullptr) poison(in, t, s.count);
+    const Offsets at = in_place_offsets(b, s);
+    in = b.recv.data() + at.in * elem;
+    out = b.recv.data() + at.out * elem;
+  } else {
+    poison(out, t, s.recv_count);
+  }
+  fill_input(b, in, s.send_count);
+  issue(b, s, pointers(b, s, in_place)).wait();
+  int64_t wrong = count_wrong(b, s, out);
   b.comm.allreduce(&wrong, 1, DataType::kInt64, ReduceOp::kSum).wait();
   return wrong;
 }
@@ -160,29 +232,45 @@ double bus_factor(Collective c, int n) {
   }
 }
 
+// The time and, with --check, the wrong elements of one layout.
+Result measure_layout(Bench& b, const Shape& s, size_t bytes, bool in_place) {
+  const Pointers p = pointers(b, s, in_place);
+  Result r{time_op(b, s, p), 0, 0, std::nullopt};
+  r.algbw = r.time_us > 0 ? bytes / (r.time_us * 1e3) : 0;  // GB/s
+  r.busbw = r.algbw * bus_factor(b.info.collective, b.comm.size());
+  if (b.options.check) r.wrong = check_op(b, s, in_place);
+  return r;
+}
+
 }  // namespace
+
+void Buffer::allocate(size_t bytes, bool shared) {
+  if (shared) {
+    shared_ = allocate_shared(std::max<size_t>(bytes, 1));  // it refuses 0 bytes
+    data_ = static_cast<std::byte*>(shared_->data());
+  } else {
+    heap_.resize(bytes);
+    data_ = heap_.data();
+  }
+}
 
 void prepare_buffers(Bench& b) {
   const Options& o = b.options;
   const size_t max_count = o.max_bytes / dtype_size(o.dtype);
-  b.send.resize(max_count * dtype_size(o.dtype));
-  b.recv.resize(b.send.size());
-  if (b.info.reduces) {
-    test::fill_reduce_input(o.dtype, o.op, b.comm.rank(), b.send.data(), 0, max_count);
-  } else {
-    test::fill_move(o.dtype, b.comm.rank(), b.send.data(), 0, max_count);
-  }
+  const size_t bytes = max_count * dtype_size(o.dtype);
+  if (o.mode != Mode::kIn) b.send.allocate(bytes, o.shared_buffers);
+  b.recv.allocate(bytes, o.shared_buffers);
+  fill_input(b, o.mode == Mode::kIn ? b.recv.data() : b.send.data(), max_count);
 }
 
 Row measure_size(Bench& b, uint64_t bytes) {
-  size_t elem = dtype_size(b.options.dtype);
+  const Options& o = b.options;
+  size_t elem = dtype_size(o.dtype);
   Shape s = shape_of(b.info, bytes / elem, b.comm.rank(), b.comm.size());
-  Row r{s.count * elem, s.count, nullptr, 0, 0, 0, std::nullopt};
+  Row r{s.count * elem, s.count, nullptr, std::nullopt, std::nullopt};
   r.algo = algorithm_name(b.comm.algorithm_for(b.info.collective, r.bytes));
-  r.time_us = time_op(b, s);
-  r.algbw = r.time_us > 0 ? r.bytes / (r.time_us * 1e3) : 0;  // GB/s
-  r.busbw = r.algbw * bus_factor(b.info.collective, b.comm.size());
-  if (b.options.check) r.wrong = check_op(b, s);
+  if (o.mode != Mode::kIn) r.out = measure_layout(b, s, r.bytes, false);
+  if (o.mode != Mode::kOut && b.info.in_place) r.in = measure_layout(b, s, r.bytes, true);
   return r;
 }
 

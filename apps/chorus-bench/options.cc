@@ -7,22 +7,24 @@
 namespace chorus::bench {
 
 const std::map<std::string, CollectiveInfo> kCollectives = {
-    {"allreduce", {Collective::kAllreduce, true, false}},
-    {"broadcast", {Collective::kBroadcast, false, false}},
-    {"reduce", {Collective::kReduce, true, false}},
-    {"allgather", {Collective::kAllgather, false, true}},
+    {"allreduce", {Collective::kAllreduce, true, false, true}},
+    {"broadcast", {Collective::kBroadcast, false, false, true}},
+    {"reduce", {Collective::kReduce, true, false, true}},
+    {"allgather", {Collective::kAllgather, false, true, true}},
     // allgatherv with every count equal: allgather's data through the "v" path.
-    {"allgatherv", {Collective::kAllgatherv, false, true}},
-    {"reduce_scatter", {Collective::kReduceScatter, true, true}},
-    {"alltoall", {Collective::kAlltoall, false, true}},
+    {"allgatherv", {Collective::kAllgatherv, false, true, true}},
+    {"reduce_scatter", {Collective::kReduceScatter, true, true, true}},
+    {"alltoall", {Collective::kAlltoall, false, true, true}},
     // alltoallv with every count equal: alltoall's data through the "v" path, which
-    // first checks every pair's counts.
-    {"alltoallv", {Collective::kAlltoallv, false, true}},
-    {"gather", {Collective::kGather, false, true}},
-    {"scatter", {Collective::kScatter, false, true}},
+    // first checks every pair's counts. In place: the same pointer, as alltoall.
+    {"alltoallv", {Collective::kAlltoallv, false, true, true}},
+    {"gather", {Collective::kGather, false, true, true}},
+    {"scatter", {Collective::kScatter, false, true, true}},
     // Point to point: every rank sends the row's bytes to the next rank and receives as
-    // many from the previous one (even ranks send first, odd ranks receive first).
-    {"sendrecv", {Collective::kSend, false, false}},
+    // many from the previous one (even ranks send first, odd ranks receive first). No
+    // in-place form: the send and the receive are two operations that would race on
+    // one buffer.
+    {"sendrecv", {Collective::kSend, false, false, false}},
 };
 
 namespace {
@@ -81,7 +83,24 @@ Options parse_options(int argc, char** argv) {
                  "with --np: bind the ranks to CPUs as chorusrun does: auto (only when they "
                  "outnumber the CPUs), share, none")
       ->check(parsed_by("POLICY", run::parse_cpu_bind));
-  app.add_flag("--json", o.json, "print rows as JSON lines");
+  std::string mode = "both", buffers = "ordinary";
+  app.add_option("-m,--mode", mode,
+                 "out: send and receive in separate buffers; in: in place, in one buffer "
+                 "(the layouts of communicator.h: allgather's send at recv + rank*count, "
+                 "reduce_scatter's recv at send + rank*recv_count, gather's and scatter's "
+                 "at the rank's block, the same pointer otherwise); both (default): "
+                 "out-of-place and in-place columns side by side. sendrecv has no in-place "
+                 "form: both measures it out of place only")
+      ->check(CLI::IsMember({"out", "in", "both"}));
+  app.add_option("--buffers", buffers,
+                 "ordinary (default): heap memory; shared: node-shared memory from "
+                 "chorus::allocate_shared, whose collectives may take the direct path "
+                 "(shared_memory.h)")
+      ->check(CLI::IsMember({"ordinary", "shared"}));
+  app.add_flag("--json", o.json,
+               "print rows as JSON lines, one per size and mode: collective, ranks, size, "
+               "count, type, redop, algo, mode (\"out\" or \"in\"), buffers, time_us, "
+               "algbw, busbw, wrong (null without --check)");
   app.set_version_flag("--version", std::string("chorus-bench ") + CHORUS_VERSION);
   try {
     app.parse(argc, argv);
@@ -97,6 +116,10 @@ Options parse_options(int argc, char** argv) {
   o.check = check == 1;
   o.cpu_bind = *run::parse_cpu_bind(cpu_bind);
   if (!algo.empty()) o.algorithm = kAlgorithms.at(algo);
+  o.mode = mode == "out" ? Mode::kOut : mode == "in" ? Mode::kIn : Mode::kBoth;
+  o.shared_buffers = buffers == "shared";
+  if (o.mode == Mode::kIn && !kCollectives.at(o.collective).in_place)
+    usage_error("--mode in: " + o.collective + " has no in-place form");
   return o;
 }
 

@@ -8,7 +8,7 @@ namespace chorus::bench {
 
 // "# chorus-bench OP: ..." and the column names; not printed with --json.
 void print_header(const Bench& b);
-// One row, flushed at once.
+// One row, flushed at once: with --json one line per layout measured.
 void print_row(const Bench& b, const Row& r);
 
 }  // namespace chorus::bench

@@ -51,8 +51,10 @@ pictures() {
   "$plot" metrics "$here/metrics.jsonl" --out "$work/metrics.png" >/dev/null || fail "plot metrics"
   "$plot" steptime "$here/metrics.jsonl" --out "$work/steptime.png" >/dev/null || fail "plot steptime"
   "$plot" busbw "$here/busbw.csv" --out "$work/busbw.png" --size 640x400 >/dev/null || fail "plot busbw"
+  # compare_allreduce.sh's CSV with its mode column, chorus on shared buffers and memcpy.
+  "$plot" busbw "$here/busbw_modes.csv" --out "$work/busbw_modes.png" >/dev/null || fail "plot busbw (modes)"
   "$plot" trace "$work/timeline.tsv" --out "$work/trace.png" >/dev/null || fail "plot trace"
-  for p in metrics steptime busbw trace; do png "$work/$p.png"; done
+  for p in metrics steptime busbw busbw_modes trace; do png "$work/$p.png"; done
   # Bad input names the file.
   expect_error 1 "$work/missing.jsonl: no such file" "$plot" metrics "$work/missing.jsonl" --out "$work/x.png"
   expect_error 1 "$here/busbw.csv line 1: not JSON" "$plot" steptime "$here/busbw.csv" --out "$work/x.png"

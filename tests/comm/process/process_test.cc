@@ -207,6 +207,10 @@ TEST(ProcessTest, KilledRankOfTheDirectPathIsNamedBySurvivors) {
 // and some rank did map them (the direct path ran across processes).
 TEST(ProcessTest, DirectPathMapsEachPeerBufferOnce) {
   if (!over_shm()) GTEST_SKIP() << "tcp: no shared memory";
+  const char* algo = std::getenv("CHORUS_ALGO");
+  if (algo != nullptr && std::string(algo) != "auto" && std::string(algo) != "shm") {
+    GTEST_SKIP() << "CHORUS_ALGO=" << algo << " forces another algorithm";
+  }
   Job job(3, {"allreduce-loop", "20", "100003"}, {{"CHORUS_TEST_SHARED", "1"}});
   for (int r = 0; r < job.size(); ++r) {
     ASSERT_TRUE(job.rank(r).wait_for(seconds(180))) << "rank " << r << " still running\n" << job.outputs();
@@ -336,27 +340,86 @@ TEST(ProcessTest, WorldSizeWithoutRankFailsNamingBoth) {
   expect_env_error({{"WORLD_SIZE", "2"}}, {});
 }
 
-// chorus-bench starts its own ranks (3: odd) and checks every collective's result
-// against the closed form: a wrong element, a crash or a hang fails here. Over shared
-// memory, and over tcp as the tcp: copy (the ranks inherit CHORUS_TRANSPORT).
-TEST(ProcessTest, ChorusBenchChecksEveryCollective) {
-  const std::string bench = std::string(CHORUS_BIN_DIR) + "/chorus-bench";
-  for (const char* op : {"allreduce", "broadcast", "reduce", "allgather", "allgatherv",
-                         "reduce_scatter", "alltoall", "alltoallv", "gather", "scatter",
-                         "sendrecv"}) {
-    std::string out;
-    const int rc = test::run_command(bench, {"--np", "3", "-o", op, "-b", "12", "-e", "196608", "-f", "4",
-                                             "-n", "2", "-w", "1", "-c", "1", "--json"},
-                                     &out, seconds(120));
-    EXPECT_EQ(rc, 0) << op << "\n" << out;
-    // One JSON row per size (12 B to 192 KiB by 4), each with no wrong element.
-    size_t rows = 0;
-    for (size_t at = out.find("\"wrong\":"); at != std::string::npos; at = out.find("\"wrong\":", at + 1)) {
-      ++rows;
-      EXPECT_EQ(out.compare(at, 10, "\"wrong\":0}"), 0) << op << ": " << out.substr(at, 40);
-    }
-    EXPECT_EQ(rows, 8u) << op << "\n" << out;
+// chorus-bench's JSON rows of one run, counted by layout.
+struct BenchRows {
+  size_t out = 0, in = 0;
+};
+
+// Runs chorus-bench on 3 local ranks (odd) from 12 B to 192 KiB by 4 (8 sizes), checked,
+// with `args` added; fails the test on an exit status other than 0 or on any row with
+// a wrong element, a crash or a hang. The ranks inherit CHORUS_TRANSPORT (the tcp: copy).
+BenchRows run_bench(const std::vector<std::string>& args) {
+  std::vector<std::string> all = {"--np", "3", "-b", "12", "-e", "196608", "-f", "4", "-n", "2",
+                                  "-w", "1", "-c", "1", "--json"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::string what;
+  for (const std::string& a : args) what += " " + a;
+  std::string out;
+  const int rc = test::run_command(std::string(CHORUS_BIN_DIR) + "/chorus-bench", all, &out,
+                                   seconds(120));
+  EXPECT_EQ(rc, 0) << what << "\n" << out;
+  BenchRows rows;
+  size_t start = 0;
+  for (size_t end; (end = out.find('\n', start)) != std::string::npos; start = end + 1) {
+    const std::string line = out.substr(start, end - start);
+    if (line.empty() || line[0] != '{') continue;
+    EXPECT_TRUE(line.ends_with("\"wrong\":0}")) << what << ": " << line;
+    if (contains(line, "\"mode\":\"out\"")) ++rows.out;
+    else if (contains(line, "\"mode\":\"in\"")) ++rows.in;
+    else ADD_FAILURE() << what << ": a row without a mode: " << line;
   }
+  return rows;
+}
+
+const char* const kBenchCollectives[] = {"allreduce", "broadcast", "reduce", "allgather",
+                                         "allgatherv", "reduce_scatter", "alltoall",
+                                         "alltoallv", "gather", "scatter", "sendrecv"};
+
+// chorus-bench checks every collective's result against the closed form, out of place
+// and in place (--mode both, the default: one row of each per size; sendrecv has no
+// in-place form). Over shared memory, and over tcp as the tcp: copy.
+TEST(ProcessTest, ChorusBenchChecksEveryCollective) {
+  for (const std::string op : kBenchCollectives) {
+    const BenchRows rows = run_bench({"-o", op});
+    EXPECT_EQ(rows.out, 8u) << op;
+    EXPECT_EQ(rows.in, op == "sendrecv" ? 0u : 8u) << op;
+  }
+}
+
+// In place, chorus-bench allocates no send buffer, and its check fills the input into
+// the one buffer where communicator.h's layout puts it and reads the result from there
+// (with --mode both it also poisons the send buffer first): a benchmark that ran the
+// op out of place, or a library that left its result elsewhere, fails.
+TEST(ProcessTest, ChorusBenchInPlaceChecksTheOneBuffer) {
+  for (const std::string op : kBenchCollectives) {
+    if (op == "sendrecv") continue;
+    const BenchRows rows = run_bench({"-o", op, "-m", "in"});
+    EXPECT_EQ(rows.out, 0u) << op;
+    EXPECT_EQ(rows.in, 8u) << op;
+  }
+  const BenchRows rows = run_bench({"-m", "out"});
+  EXPECT_EQ(rows.out, 8u);
+  EXPECT_EQ(rows.in, 0u);
+}
+
+// --buffers shared: node-shared memory (chorus::allocate_shared), where the allreduce
+// (in and out of place), the in-place reduce-scatter and allgather, and the broadcast
+// take the direct path and the other collectives the ordinary one.
+TEST(ProcessTest, ChorusBenchSharedBuffers) {
+  for (const std::string op : {"allreduce", "reduce_scatter", "allgather", "broadcast", "alltoall"}) {
+    const BenchRows rows = run_bench({"-o", op, "--buffers", "shared"});
+    EXPECT_EQ(rows.out, 8u) << op;
+    EXPECT_EQ(rows.in, 8u) << op;
+  }
+}
+
+// A layout a collective does not have is a usage error (exit status 2) that says so.
+TEST(ProcessTest, ChorusBenchRefusesSendrecvInPlace) {
+  std::string out;
+  const int rc = test::run_command(std::string(CHORUS_BIN_DIR) + "/chorus-bench",
+                                   {"-o", "sendrecv", "-m", "in"}, &out, seconds(30));
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_TRUE(contains(out, "sendrecv has no in-place form")) << out;
 }
 
 }  // namespace

@@ -1,17 +1,18 @@
 // The direct path: collectives whose ranks all pass node-shared buffers
 // (include/chorus/shared_memory.h), which every local rank can read and write.
 //
-// Each runs in one phase and one round of shared work. The phase (its descriptor says
-// "on node-shared buffers") guarantees that every rank has entered the call, so its
-// buffers hold its input, and publishes where they are. Then the ranks share the data
-// out in pieces (NodeGroup's shared work): whichever rank runs takes the next piece and
-// does all of it, for every rank: sums it over every rank's input, in rank order, and
-// writes the sum into every rank's output (allreduce), or into its owner's
+// Each runs in two steps. A phase (its descriptor says "on node-shared buffers")
+// guarantees that every rank has entered the call, so its buffers hold its input, and
+// publishes where they are. Then the ranks cut the data in pieces, and whichever rank
+// gets a piece does all of it, for every rank: sums it over every rank's input, in rank
+// order, and writes the sum into every rank's output (allreduce), or into its owner's
 // (reduce_scatter), or copies it from its owner into every rank's output (allgather,
 // broadcast). Every element is therefore computed once, so all ranks get the same
-// bytes, and with more ranks than cores the ranks that hold the cores do the work of
-// those waiting for one. wait_work() returns once every piece is finished: by then
-// nobody reads or writes this rank's buffers any more, and the call may return.
+// bytes. With no more ranks than cores each rank does a contiguous share of the pieces
+// and a second phase ends the call; with more, the pieces are NodeGroup's shared work,
+// so that the ranks that hold the cores do the work of those waiting for one
+// (run_pieces). Either way a rank returns only once every piece is done: by then
+// nobody reads or writes its buffers any more.
 //
 // Nothing is copied into the segment: an allreduce reads each rank's input once and
 // writes each rank's output once (the sum is copied from the cache into the others'
@@ -47,9 +48,9 @@ void enter(NodeGroup& g, Collective c, const SharedRef& in, const SharedRef& out
 }
 
 // Every rank's buffers, in this process (`in` only where `with_in`), looked up when
-// this rank takes its first piece: while it holds one, the round is not over, so no
-// rank has returned and published the buffers of its next call (a rank that takes no
-// piece may find its peers already there, and must not look).
+// this rank starts its first piece: while it works on one, the call is not over on any
+// rank, so none has returned and published the buffers of its next call (a rank that
+// gets no piece may find its peers already there, and must not look).
 class Peers {
  public:
   Peers(NodeGroup& g, std::vector<bool> with_in) : g_(g), with_in_(std::move(with_in)) {}
@@ -106,6 +107,30 @@ size_t piece_elems(const Context& ctx, const NodeGroup& g, size_t bytes) {
   return std::max<size_t>(1, piece / ctx.elem);
 }
 
+// Runs body(k) for every piece k of [0, pieces) once, on some rank, and returns once all
+// are done on every rank. With no more ranks than cores, each rank does a contiguous
+// share of the pieces and a phase ends the call: no counter that every piece bounces
+// between the cores. With more, the pieces are shared work (NodeGroup), so that the
+// ranks that hold the cores do the share of those that wait for one. Every rank of a
+// node sees the same oversubscribed(), so all take the same way.
+template <class Body>
+void run_pieces(NodeGroup& g, uint64_t pieces, Body&& body) {
+  if (!g.oversubscribed()) {
+    const int p = g.local_size(), me = g.local_rank();
+    const uint64_t first = block_begin(pieces, p, me), mine = block_count(pieces, p, me);
+    for (uint64_t k = first; k < first + mine; ++k) body(k);
+    g.arrive();
+    g.wait_all();
+    return;
+  }
+  g.begin_work(pieces);
+  for (int64_t k; (k = g.take_piece()) >= 0;) {
+    body(static_cast<uint64_t>(k));
+    g.finish_piece();
+  }
+  g.wait_work();
+}
+
 }  // namespace
 
 void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
@@ -116,10 +141,9 @@ void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, con
   enter(g, Collective::kAllreduce, in, out);
   Peers peers(g, std::vector<bool>(p, true));
   uint8_t* tmp = p > 2 ? ctx.scratch.get(piece * e, 0) : nullptr;
-  g.begin_work((count + piece - 1) / piece);
-  for (int64_t k; (k = g.take_piece()) >= 0;) {
+  run_pieces(g, (count + piece - 1) / piece, [&](uint64_t k) {
     const Buffers& b = peers.get();
-    const size_t at = static_cast<size_t>(k) * piece, n = std::min(piece, count - at);
+    const size_t at = k * piece, n = std::min(piece, count - at);
     uint8_t* sum = b.out[0] + at * e;
     if (p == 1) {
       if (sum != b.in[0] + at * e) std::memcpy(sum, b.in[0] + at * e, n * e);
@@ -128,9 +152,7 @@ void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, con
     }
     shm::average(ctx, sum, n, avg);
     for (int r = 1; r < p; ++r) std::memcpy(b.out[r] + at * e, sum, n * e);
-    g.finish_piece();
-  }
-  g.wait_work();
+  });
 }
 
 void shared_reduce_scatter(const Context& ctx, NodeGroup& g, const SharedRef& in,
@@ -142,11 +164,10 @@ void shared_reduce_scatter(const Context& ctx, NodeGroup& g, const SharedRef& in
   Peers peers(g, std::vector<bool>(p, true));
   uint8_t* tmp = ctx.scratch.get(piece * e, 0);
   const size_t per_block = (recv_count + piece - 1) / piece;
-  g.begin_work(per_block * static_cast<size_t>(p));
-  for (int64_t k; (k = g.take_piece()) >= 0;) {
+  run_pieces(g, per_block * static_cast<size_t>(p), [&](uint64_t k) {
     const Buffers& b = peers.get();
-    const int owner = static_cast<int>(static_cast<size_t>(k) / per_block);
-    const size_t at = static_cast<size_t>(k) % per_block * piece, n = std::min(piece, recv_count - at);
+    const int owner = static_cast<int>(k / per_block);
+    const size_t at = k % per_block * piece, n = std::min(piece, recv_count - at);
     uint8_t* dst = b.out[owner] + at * e;
     const size_t off = (static_cast<size_t>(owner) * recv_count + at) * e;
     if (p == 1) {
@@ -155,9 +176,7 @@ void shared_reduce_scatter(const Context& ctx, NodeGroup& g, const SharedRef& in
       reduce_sources(ctx, dst, b.in, off, n, tmp);
     }
     shm::average(ctx, dst, n, avg);
-    g.finish_piece();
-  }
-  g.wait_work();
+  });
 }
 
 void shared_allgather(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
@@ -168,19 +187,16 @@ void shared_allgather(const Context& ctx, NodeGroup& g, const SharedRef& in, con
   enter(g, Collective::kAllgather, in, out);
   Peers peers(g, std::vector<bool>(p, true));
   const size_t per_block = (count + piece - 1) / piece;
-  g.begin_work(per_block * static_cast<size_t>(p));
-  for (int64_t k; (k = g.take_piece()) >= 0;) {
+  run_pieces(g, per_block * static_cast<size_t>(p), [&](uint64_t k) {
     const Buffers& b = peers.get();
-    const int owner = static_cast<int>(static_cast<size_t>(k) / per_block);
-    const size_t at = static_cast<size_t>(k) % per_block * piece, n = std::min(piece, count - at);
+    const int owner = static_cast<int>(k / per_block);
+    const size_t at = k % per_block * piece, n = std::min(piece, count - at);
     const uint8_t* from = b.in[owner] + at * e;
     const size_t to = (static_cast<size_t>(owner) * count + at) * e;
     for (int r = 0; r < p; ++r) {
       if (b.out[r] + to != from) std::memcpy(b.out[r] + to, from, n * e);
     }
-    g.finish_piece();
-  }
-  g.wait_work();
+  });
 }
 
 void shared_broadcast(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
@@ -192,17 +208,14 @@ void shared_broadcast(const Context& ctx, NodeGroup& g, const SharedRef& in, con
   with_in[root] = true;
   enter(g, Collective::kBroadcast, g.local_rank() == root ? in : SharedRef{}, out);
   Peers peers(g, std::move(with_in));
-  g.begin_work((count + piece - 1) / piece);
-  for (int64_t k; (k = g.take_piece()) >= 0;) {
+  run_pieces(g, (count + piece - 1) / piece, [&](uint64_t k) {
     const Buffers& b = peers.get();
-    const size_t at = static_cast<size_t>(k) * piece, n = std::min(piece, count - at);
+    const size_t at = k * piece, n = std::min(piece, count - at);
     const uint8_t* from = b.in[root] + at * e;
     for (int r = 0; r < p; ++r) {
       if (b.out[r] + at * e != from) std::memcpy(b.out[r] + at * e, from, n * e);
     }
-    g.finish_piece();
-  }
-  g.wait_work();
+  });
 }
 
 }  // namespace chorus::algorithms

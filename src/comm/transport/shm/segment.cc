@@ -9,6 +9,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <utility>
 
@@ -41,16 +44,56 @@ uint8_t* map(int fd, size_t bytes, const std::string& name) {
 
 }  // namespace
 
-Segment::~Segment() {
-  if (data_ != nullptr) munmap(data_, size_);
+// One mapping per segment and process: ranks that are threads of one process (tests)
+// share it, so that every atomic of the segment has one address in the process, as
+// ThreadSanitizer needs to see the ranks' synchronisation (and as node-shared buffers
+// of the same process have, peer_files.h).
+struct Segment::Mapping {
+  Mapping(uint8_t* d, size_t n) : data(d), size(n) {}
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { munmap(data, size); }
+  uint8_t* data;
+  size_t size;
+};
+
+namespace {
+
+std::mutex& mappings_mutex() {
+  static std::mutex* m = new std::mutex;
+  return *m;
 }
+
+std::map<std::string, std::weak_ptr<Segment::Mapping>>& mappings() {
+  static auto* m = new std::map<std::string, std::weak_ptr<Segment::Mapping>>;
+  return *m;
+}
+
+void keep(const std::string& name, const std::shared_ptr<Segment::Mapping>& m) {
+  std::lock_guard<std::mutex> lock(mappings_mutex());
+  auto& all = mappings();
+  for (auto it = all.begin(); it != all.end();) it = it->second.expired() ? all.erase(it) : std::next(it);
+  all[name] = m;
+}
+
+std::shared_ptr<Segment::Mapping> kept(const std::string& name, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mappings_mutex());
+  auto it = mappings().find(name);
+  if (it == mappings().end()) return nullptr;
+  auto m = it->second.lock();
+  return m && m->size == bytes ? m : nullptr;
+}
+
+}  // namespace
+
+Segment::~Segment() = default;
 
 Segment::Segment(Segment&& o) noexcept { *this = std::move(o); }
 
 Segment& Segment::operator=(Segment&& o) noexcept {
   if (this != &o) {
-    if (data_ != nullptr) munmap(data_, size_);
     name_ = std::move(o.name_);
+    mapping_ = std::move(o.mapping_);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     linked_ = std::exchange(o.linked_, false);
@@ -73,7 +116,9 @@ Segment Segment::create(size_t bytes) {
     fail("reserving " + std::to_string(bytes) + " bytes for", s.name_, err);
   }
   try {
-    s.data_ = map(fd, bytes, s.name_);
+    s.mapping_ = std::make_shared<Mapping>(map(fd, bytes, s.name_), bytes);
+    s.data_ = s.mapping_->data;
+    keep(s.name_, s.mapping_);
   } catch (...) {
     close(fd);
     s.unlink();
@@ -87,6 +132,11 @@ Segment Segment::create(size_t bytes) {
 Segment Segment::open(const std::string& name, size_t bytes) {
   Segment s;
   s.name_ = name;
+  if ((s.mapping_ = kept(name, bytes)) != nullptr) {  // mapped by another rank of this process
+    s.data_ = s.mapping_->data;
+    s.size_ = bytes;
+    return s;
+  }
   int fd = shm_open(("/" + name).c_str(), O_RDWR, 0600);
   if (fd < 0) fail("opening", name, errno);
   struct stat st {};
@@ -96,7 +146,9 @@ Segment Segment::open(const std::string& name, size_t bytes) {
                       std::to_string(st.st_size) + " bytes, expected " + std::to_string(bytes));
   }
   try {
-    s.data_ = map(fd, bytes, name);
+    s.mapping_ = std::make_shared<Mapping>(map(fd, bytes, name), bytes);
+    s.data_ = s.mapping_->data;
+    keep(name, s.mapping_);
   } catch (...) {
     close(fd);
     throw;

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace chorus::transport::shm {
@@ -35,8 +36,11 @@ class Segment {
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
 
+  struct Mapping;
+
  private:
   std::string name_;
+  std::shared_ptr<Mapping> mapping_;  // shared by the ranks of this process (segment.cc)
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool linked_ = false;
