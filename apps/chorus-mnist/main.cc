@@ -365,6 +365,7 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
                         {"test_accuracy", last.accuracy},
                         {"test_loss", last.avg_loss},
                         {"blas", chorus::mnist::openblas_core()},
+                        {"shared_buckets", ddp.buckets_in_shared_memory()},
                         {"malloc_thresholds", a.malloc_thresholds}};
     std::printf("%s\n", j.dump().c_str());
   }

@@ -236,6 +236,13 @@ class Communicator {
   static std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes) {
     return chorus::allocate_shared(bytes);
   }
+  // Whether collectives on node-shared buffers can take the direct path here: more than
+  // one rank, all on this node and meeting in shared memory (not CHORUS_TRANSPORT=tcp,
+  // nor shared memory that could not be set up), CommOptions::shm_direct on and no flat
+  // algorithm forced. The same on every rank of a group created with the same options,
+  // so ranks can decide by it alone to allocate the buffers of their collectives with
+  // allocate_shared() (as chorus_torch's DistributedDataParallel does for its buckets).
+  virtual bool direct_path_possible() const = 0;
 
   // recv = op over ranks of send (count elements each).
   virtual Work allreduce(const void* send, void* recv, size_t count, DataType dtype,

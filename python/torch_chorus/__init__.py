@@ -12,13 +12,20 @@ docs/pytorch.md in chorus's repository.
 
 ``torch_chorus.register_as("hccl")`` also sends ``backend="hccl"`` (or any other
 name torch does not know) to chorus, for scripts written for another backend.
+
+``torch_chorus.DistributedDataParallel`` is torch's, with its gradient buckets in
+node-shared memory where that makes chorus's allreduce faster (see its docstring).
 """
+import inspect
+
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from . import _C
 
-__all__ = ["ProcessGroupChorus", "register_as", "BACKEND"]
+__all__ = ["ProcessGroupChorus", "register_as", "BACKEND", "DistributedDataParallel",
+           "in_shared_memory"]
 
 BACKEND = "chorus"
 ProcessGroupChorus = _C.ProcessGroupChorus
@@ -42,3 +49,106 @@ def register_as(name):
 
 if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
     register_as(BACKEND)
+
+
+in_shared_memory = _C.in_shared_memory
+
+
+def _shared_buckets_possible(group):
+    """Whether DDP over `group` should keep its buckets in node-shared memory: a chorus
+    group whose collectives on such memory take the direct path (the same answer on
+    every rank, as the direct path needs), and the allocator that serves it in place."""
+    return (isinstance(group, _C.ProcessGroupChorus) and group.direct_path_possible()
+            and _C.shared_allocator_installed)
+
+
+class _Scope:
+    """While active, this thread's large CPU tensors are node-shared memory."""
+
+    def __init__(self, active):
+        self.inner = _C.SharedAllocations() if active else None
+
+    def __enter__(self):
+        if self.inner is not None:
+            self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        if self.inner is not None:
+            self.inner.__exit__(*exc)
+
+
+class DistributedDataParallel(_TorchDDP):
+    """torch's DistributedDataParallel (same arguments, same behaviour), with the
+    gradient buckets in node-shared memory when its group is a chorus group whose ranks
+    all share one node in shared memory (not CHORUS_TRANSPORT=tcp, not
+    CHORUS_SHM_DIRECT=0): the buckets' allreduce then reads and writes the peers'
+    buckets directly instead of copying them through the node's segment, with the same
+    results bit for bit. Over any other group it is torch's DDP unchanged.
+
+    torch 1.13's Reducer allocates its buckets itself, at construction and once more
+    when it rebuilds them in the order gradients arrived (at the second forward). Both
+    run here with chorus's allocator serving this thread's allocations of at least
+    shared_allocation_min_bytes from node-shared memory (_C.SharedAllocations); every
+    rank makes the same calls with the same shapes, so their buffers are of the same
+    kind, as the direct path requires. Under torch's Join, the rebuild happens where
+    torch does it, in ordinary memory (on every rank alike), and a joined rank's zero
+    buckets are of the kind the others' buckets are."""
+
+    def __init__(self, module, *args, **kwargs):
+        bound = inspect.signature(_TorchDDP.__init__).bind(self, module, *args, **kwargs)
+        group = bound.arguments.get("process_group")
+        if group is None:
+            group = dist.distributed_c10d._get_default_group()
+        shared = _shared_buckets_possible(group)
+        with _Scope(shared):
+            super().__init__(module, *args, **kwargs)
+        self._chorus_shared_buckets = shared
+
+    @property
+    def buckets_in_shared_memory(self):
+        """Whether the buckets are node-shared memory now."""
+        return self._chorus_shared_buckets
+
+    def forward(self, *inputs, **kwargs):
+        if self._chorus_shared_buckets and torch.is_grad_enabled() and not self._join_config.enable:
+            # The rebuild torch's forward would make (a collective, and nothing else
+            # it does before it communicates), made first, under the allocator.
+            with _Scope(True):
+                if self.reducer._rebuild_buckets():
+                    self._has_rebuilt_buckets = True
+        rebuilt = self._has_rebuilt_buckets
+        out = super().forward(*inputs, **kwargs)
+        if self._has_rebuilt_buckets and not rebuilt:
+            self._chorus_shared_buckets = False  # torch rebuilt them (under Join)
+        return out
+
+    def join_hook(self, **kwargs):
+        hook = super().join_hook(**kwargs)
+        torch_main_hook = hook.main_hook
+
+        def main_hook():
+            # torch's main hook rebuilds first, in ordinary memory, as the training
+            # ranks do under Join: note it.
+            if self.reducer._rebuild_buckets():
+                self._chorus_shared_buckets = False
+            torch_main_hook()
+
+        hook.main_hook = main_hook
+        return hook
+
+    def _match_all_reduce_for_bwd_pass(self):
+        # A joined rank's zero buckets, allreduced in bucket order against the training
+        # ranks' buckets, must be the same kind of memory.
+        if not self._chorus_shared_buckets:
+            return super()._match_all_reduce_for_bwd_pass()
+        with _Scope(True):
+            zeros = self.reducer._get_zeros_like_grad_buckets()
+        works = [self.reducer._run_comm_hook(bucket) for bucket in zeros]
+        for work in works:
+            work.wait()
+
+    def __setstate__(self, state):
+        shared = _shared_buckets_possible(dist.distributed_c10d._get_default_group())
+        with _Scope(shared):
+            super().__setstate__(state)
+        self._chorus_shared_buckets = shared

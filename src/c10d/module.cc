@@ -3,7 +3,10 @@
 #include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
+
 #include "c10d/process_group.h"
+#include "c10d/shared_allocator.h"
 
 namespace py = pybind11;
 using chorus::c10d_backend::ProcessGroupChorus;
@@ -14,7 +17,12 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("torch.distributed");
   py::class_<ProcessGroupChorus, chorus::c10d_backend::BackendBase,
              c10::intrusive_ptr<ProcessGroupChorus>>(m, "ProcessGroupChorus")
-      .def_property_readonly("backend_name", &ProcessGroupChorus::getBackendName);
+      .def_property_readonly("backend_name", &ProcessGroupChorus::getBackendName)
+      .def(
+          "direct_path_possible",
+          [](ProcessGroupChorus& pg) { return pg.communicator().direct_path_possible(); },
+          "Whether collectives on node-shared tensors can take the direct path (chorus's "
+          "Communicator::direct_path_possible); the same on every rank.");
   m.def(
       "create_process_group",
       [](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
@@ -27,4 +35,26 @@ PYBIND11_MODULE(_C, m) {
       "Connects rank `rank` of `size` through `store`; collective. Raises RuntimeError "
       "naming what failed (a timeout names the ranks that never came).");
   m.attr("torch_version_major") = TORCH_VERSION_MAJOR;
+
+  // Node-shared tensors (c10d/shared_allocator.h). The allocator is installed now, at
+  // import, as c10 expects of a CPU allocator: before the program's threads allocate.
+  namespace backend = chorus::c10d_backend;
+  m.attr("shared_allocator_installed") = backend::install_shared_allocator();
+  m.attr("shared_allocation_min_bytes") = backend::kSharedAllocationMinBytes;
+  struct Scope {
+    std::optional<backend::SharedAllocations> scope;
+  };
+  py::class_<Scope>(m, "SharedAllocations",
+                    "with SharedAllocations(): this thread's CPU tensors of at least "
+                    "shared_allocation_min_bytes are node-shared memory")
+      .def(py::init<>())
+      .def("__enter__", [](Scope& s) { s.scope.emplace(); })
+      .def("__exit__", [](Scope& s, const py::args&) { s.scope.reset(); });
+  m.def(
+      "in_shared_memory",
+      [](const at::Tensor& t) {
+        const c10::Storage& storage = t.storage();
+        return storage.data() != nullptr && backend::in_shared_memory(storage.data(), storage.nbytes());
+      },
+      py::arg("tensor"), "Whether the tensor's storage is node-shared memory of this process.");
 }

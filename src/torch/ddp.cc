@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "chorus/error.h"
+#include "chorus/shared_memory.h"
 
 namespace chorus::torch_ext {
 
@@ -33,6 +34,9 @@ struct DistributedDataParallel::Impl {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<uintptr_t> hook_keys;
   std::vector<at::Tensor> buffers;
+  // The buckets are node-shared memory (see ddp.h); a joined rank's zero buckets too.
+  bool shared_buckets = false;
+  std::vector<at::Tensor> zero_buckets;  // shadow_backward's, made at its first use
   // A group of one rank with the default hook: gradients stay where autograd put them
   // (no bucket copies, no collectives); the unused-parameter check still runs.
   bool solo = false;
@@ -117,6 +121,16 @@ std::string message_of(const std::exception_ptr& error) {
   }
 }
 
+// A zero-filled flat tensor of `numel` elements for a bucket: in node-shared memory
+// when `shared` (the tensor keeps the buffer alive), ordinary memory otherwise.
+at::Tensor new_bucket(int64_t numel, const at::TensorOptions& options, bool shared) {
+  if (!shared || numel == 0) return at::zeros({numel}, options);
+  const size_t bytes = static_cast<size_t>(numel) * options.dtype().itemsize();
+  std::shared_ptr<SharedBuffer> memory = allocate_shared(bytes);  // zero-filled
+  void* data = memory->data();
+  return at::from_blob(data, {numel}, [memory](void*) mutable { memory.reset(); }, options);
+}
+
 CommFuture average(GradBucket& bucket, const at::Tensor& wire) {
   ProcessGroup& group = *bucket.group;
   if (bucket.divisor == group.size()) return CommFuture(group.allreduce(wire, ReduceOp::kAvg), wire);
@@ -191,9 +205,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     b.tensors.push_back(p);
     filled += bytes;
   }
+  // Every rank decides the same (the communicator's shape and options), as it must: the
+  // ranks of a node that pass node-shared buffers and those that do not fail the
+  // allreduce. With one rank the buckets are not communicated at all.
+  impl_->shared_buckets = group_->size() > 1 && group_->communicator().direct_path_possible();
   for (Bucket& b : impl_->buckets) {
     const at::Tensor& last = impl_->params[b.params.back()];
-    b.buffer = at::zeros({b.offsets.back() + last.numel()}, last.options().requires_grad(false));
+    b.buffer = new_bucket(b.offsets.back() + last.numel(), last.options().requires_grad(false),
+                          impl_->shared_buckets);
   }
   impl_->ready.assign(n, false);
   impl_->divisor = group_->size();
@@ -223,6 +242,8 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const 
 }
 
 DdpStats DistributedDataParallel::last_step_stats() const { return impl_->stats; }
+
+bool DistributedDataParallel::buckets_in_shared_memory() const { return impl_->shared_buckets; }
 
 namespace {
 
@@ -537,9 +558,17 @@ void DistributedDataParallel::join() {
 // in launch order, then the waits in the same order, as finish_backward does.
 void DistributedDataParallel::shadow_backward() {
   impl_->failure = nullptr;
+  // Zeros of the same kind of memory as the training ranks' buckets, which the direct
+  // path requires; kept from step to step and zeroed again (a hook may write into them).
+  std::vector<at::Tensor>& zeros = impl_->zero_buckets;
+  if (zeros.empty()) {
+    for (const Bucket& b : impl_->buckets) {
+      zeros.push_back(new_bucket(b.buffer.numel(), b.buffer.options(), impl_->shared_buckets));
+    }
+  }
   std::vector<std::optional<CommFuture>> futures(impl_->buckets.size());
   for (size_t index = 0; index < futures.size(); ++index) {
-    futures[index] = run_hook(index, at::zeros_like(impl_->buckets[index].buffer));
+    futures[index] = run_hook(index, zeros[index].zero_());
   }
   for (size_t index = 0; index < futures.size(); ++index) wait_bucket(index, futures[index]);
   rethrow_failure();

@@ -85,6 +85,26 @@ class DDPAgainstGloo(unittest.TestCase):
         ok(self, ranks.run("ddp_worker.py", 3, env=ENV), "steps ")
 
 
+class SharedBuckets(unittest.TestCase):
+    """torch_chorus.DistributedDataParallel keeps its buckets in node-shared memory
+    where the direct path is possible, and trains bit for bit like torch's DDP with
+    ordinary buckets (shared_ddp_worker.py)."""
+
+    def test_one_node_world_sizes_2_to_4(self):
+        for n in (2, 3, 4):
+            with self.subTest(world_size=n):
+                ok(self, ranks.run("shared_ddp_worker.py", n, ["shared"], env=ENV), "steps ")
+
+    def test_ordinary_where_the_direct_path_is_not(self):
+        for what, n, env, nodes in (("CHORUS_SHM_DIRECT=0", 2, {"CHORUS_SHM_DIRECT": "0"}, 1),
+                                    ("tcp", 2, {"CHORUS_TRANSPORT": "tcp"}, 1),
+                                    ("one rank per node", 2, {}, 2),
+                                    ("two nodes of two", 4, {}, 2)):
+            with self.subTest(what):
+                ok(self, ranks.run("shared_ddp_worker.py", n, ["ordinary"], env=dict(ENV, **env),
+                                   nodes=nodes), "steps ")
+
+
 class Failures(unittest.TestCase):
     """A rank that dies or stops mid-training: every other rank raises, naming the
     operation, the rank and the host, and its group stays broken."""

@@ -11,7 +11,12 @@
 //
 // Buckets hold parameters in reverse registration order (gradients become ready
 // roughly in that order): the first up to first_bucket_mb, the others up to
-// bucket_cap_mb, never mixing dtypes.
+// bucket_cap_mb, never mixing dtypes. Where the group's collectives on node-shared
+// buffers can take the direct path (Communicator::direct_path_possible(): more than one
+// rank, all on one node in shared memory, CHORUS_SHM_DIRECT not 0), the buckets are
+// node-shared memory (chorus/shared_memory.h), so their allreduce reads and writes the
+// peers' buckets directly instead of copying them through the node's segment; the sums
+// are the same bytes either way. Every rank decides the same, as the direct path needs.
 //
 // What travels is up to a communication hook (register_comm_hook): by default each
 // bucket is allreduced and averaged; DdpOptions::compression and the hooks below are
@@ -240,6 +245,8 @@ class DistributedDataParallel {
   // The latest synchronized backward's timing (see DdpStats); read it after backward()
   // returns, on the training thread. A backward that threw leaves the previous one's.
   DdpStats last_step_stats() const;
+  // Whether the buckets are node-shared memory (see the top of this file).
+  bool buckets_in_shared_memory() const;
 
  private:
   struct Bucket;

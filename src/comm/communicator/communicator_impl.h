@@ -111,6 +111,7 @@ class CommunicatorImpl final : public Communicator,
   bool hierarchical_possible() const;
   // Every rank on this node, which shares memory.
   bool all_in_shared_memory() const { return shm_ != nullptr && topology_.nodes == 1; }
+  bool direct_path_possible() const override;
   // Whether collective `op` on `in` (in_bytes) and `out` (out_bytes) takes the direct
   // path (include/chorus/shared_memory.h): this communicator is one node in shared
   // memory, the direct path is on (CommOptions::shm_direct), no tcp algorithm is forced,

@@ -14,14 +14,16 @@ bool CommunicatorImpl::hierarchical_possible() const {
   return topology_.nodes > 1 && topology_.local_size > 1 && topology_.uniform();
 }
 
+bool CommunicatorImpl::direct_path_possible() const {
+  const Algorithm forced = options_.algorithm;
+  return options_.shm_direct && all_in_shared_memory() && size_ > 1 &&
+         (forced == Algorithm::kAuto || forced == Algorithm::kShmDirect);
+}
+
 bool CommunicatorImpl::direct_path(Collective op, const void* in, size_t in_bytes, const void* out, size_t out_bytes,
                                    transport::shm::SharedRef& in_ref,
                                    transport::shm::SharedRef& out_ref) const {
-  const Algorithm forced = options_.algorithm;
-  if (!options_.shm_direct || !all_in_shared_memory() || size_ == 1 ||
-      (forced != Algorithm::kAuto && forced != Algorithm::kShmDirect)) {
-    return false;
-  }
+  if (!direct_path_possible()) return false;
   // The model knows the path (predicted_shared_us): it is taken where it is predicted
   // no slower than the segment path; with the built-in parameters from about 16 KiB
   // (below, its second phase costs more than the copies it saves).

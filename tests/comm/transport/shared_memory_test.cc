@@ -205,6 +205,25 @@ TEST(SharedMemory, DirectPathOffTreatsThemAsOrdinaryMemory) {
   }
 }
 
+// direct_path_possible(): ranks of one node in shared memory with the path on and no
+// flat algorithm forced (one rank per node: chorus_torch's ddp_shared_test).
+TEST(SharedMemory, DirectPathPossibleOnlyWhereTheRanksMeetInSharedMemory) {
+  auto possible = [](int size, CommOptions o) {
+    std::vector<int> answers(size, -1);
+    run_ranks(size, [&](Communicator& c) { answers[c.rank()] = c.direct_path_possible(); }, o);
+    return answers;
+  };
+  CommOptions on, off, tcp, ring;
+  off.shm_direct = false;
+  tcp.transport = TransportKind::kTcp;
+  ring.algorithm = Algorithm::kRing;
+  EXPECT_EQ(possible(3, on), std::vector<int>(3, 1));
+  EXPECT_EQ(possible(1, on), std::vector<int>(1, 0));
+  EXPECT_EQ(possible(2, off), std::vector<int>(2, 0));
+  EXPECT_EQ(possible(2, tcp), std::vector<int>(2, 0));
+  EXPECT_EQ(possible(2, ring), std::vector<int>(2, 0));
+}
+
 // One rank slow to enter and one fast, in place, over and over: the fast rank
 // overwrites its buffer as soon as its call returns, and fills it anew only after a
 // delay, so a peer that still read it after the return would sum garbage. Every result
