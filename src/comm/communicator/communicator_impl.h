@@ -115,8 +115,8 @@ class CommunicatorImpl final : public Communicator,
   // Whether collective `op` on `in` (in_bytes) and `out` (out_bytes) takes the direct
   // path (include/chorus/shared_memory.h): this communicator is one node in shared
   // memory, the direct path is on (CommOptions::shm_direct), no tcp algorithm is forced,
-  // the cost model predicts it no slower than the segment path, and both spans lie in node-shared buffers of this process, which `in_ref` and
-  // `out_ref` then say. A null `in` (broadcast off the root) needs no buffer.
+  // the cost model predicts it no slower than the segment path, and both spans lie in
+  // node-shared buffers of this process, which `in_ref` and `out_ref` then say. A null `in` (broadcast off the root) needs no buffer.
   bool direct_path(Collective op, const void* in, size_t in_bytes, const void* out, size_t out_bytes,
                    transport::shm::SharedRef& in_ref, transport::shm::SharedRef& out_ref) const;
   void connect_shared_memory(Store& scoped);

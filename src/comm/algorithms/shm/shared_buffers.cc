@@ -73,7 +73,8 @@ class Peers {
   Buffers b_;
 };
 
-// dst[0, n) = the reduction of src[r] + off over r, in rank order. Where dst is the
+// dst[0, n) = the reduction of src[r] + off over r (at least two: the direct path is
+// never taken by one rank, CommunicatorImpl::direct_path_possible()), in rank order. Where dst is the
 // piece of a source r > 0 (an in-place reduce_scatter's block of a later rank), that
 // piece is first copied to `tmp` (n elements): the partial sums would overwrite it
 // before it is added. dst may be source 0's piece (in place, rank 0's block).
@@ -145,11 +146,7 @@ void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, con
     const Buffers& b = peers.get();
     const size_t at = k * piece, n = std::min(piece, count - at);
     uint8_t* sum = b.out[0] + at * e;
-    if (p == 1) {
-      if (sum != b.in[0] + at * e) std::memcpy(sum, b.in[0] + at * e, n * e);
-    } else {
-      reduce_sources(ctx, sum, b.in, at * e, n, tmp);
-    }
+    reduce_sources(ctx, sum, b.in, at * e, n, tmp);
     shm::average(ctx, sum, n, avg);
     for (int r = 1; r < p; ++r) std::memcpy(b.out[r] + at * e, sum, n * e);
   });
@@ -170,11 +167,7 @@ void shared_reduce_scatter(const Context& ctx, NodeGroup& g, const SharedRef& in
     const size_t at = k % per_block * piece, n = std::min(piece, recv_count - at);
     uint8_t* dst = b.out[owner] + at * e;
     const size_t off = (static_cast<size_t>(owner) * recv_count + at) * e;
-    if (p == 1) {
-      if (dst != b.in[0] + off) std::memcpy(dst, b.in[0] + off, n * e);
-    } else {
-      reduce_sources(ctx, dst, b.in, off, n, tmp);
-    }
+    reduce_sources(ctx, dst, b.in, off, n, tmp);
     shm::average(ctx, dst, n, avg);
   });
 }
