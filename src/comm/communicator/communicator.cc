@@ -166,10 +166,10 @@ Work CommunicatorImpl::enqueue(const OpSpec& spec, OpBody body) {
   std::shared_ptr<WorkState> work;
   // Collectives (stream 0) and sends/receives (stream 1) are numbered apart. Under the
   // engine's lock: the flight recorder's slots follow the order of the queue.
-  engine_.enqueue(is_p2p(spec.what) ? 1 : 0, [&](uint64_t seq) {
+  engine_.enqueue(is_p2p(spec.what) ? 1 : 0, [&](uint64_t seq, std::chrono::steady_clock::time_point at) {
     work = std::make_shared<WorkState>(collective_name(spec.what), seq, weak_from_this());
-    size_t slot = recorder_.enabled() ? recorder_.queued(seq, spec.what, spec.dtype, spec.count, spec.root)
-                                      : 0;
+    size_t slot =
+        recorder_.enabled() ? recorder_.queued(seq, spec.what, spec.dtype, spec.count, spec.root, at) : 0;
     unfinished_.fetch_add(1, std::memory_order_acq_rel);
     return Op{spec, seq, std::move(body), work, slot};
   });
@@ -232,7 +232,9 @@ void CommunicatorImpl::run(Op& op) {
   info.code = transport::wire_code(op.spec.what);
   info.seq = op.seq;
   info.kind = is_p2p(op.spec.what) ? transport::FrameKind::kP2P : transport::FrameKind::kCollective;
-  info.deadline = Deadline(options_.timeout);
+  // One reading of the clock for the deadline and the flight recorder.
+  const auto started = std::chrono::steady_clock::now();
+  info.deadline = Deadline::at(started + options_.timeout);
   info.sig = signature_of(op.spec);
   algorithms::Context ctx{*transport_,
                           rank_,
@@ -249,7 +251,7 @@ void CommunicatorImpl::run(Op& op) {
                           op.spec.reduces ? reduce_many_function(op.spec.dtype, op.spec.op)
                                           : nullptr,
                           cost_.tuning};
-  if (recorder_.enabled()) recorder_.running(op.trace_slot);
+  if (recorder_.enabled()) recorder_.running(op.trace_slot, started);
   try {
     if (options_.check_consistency && !is_p2p(op.spec.what) && size_ > 1) check_consistency(op);
     transport_->begin(info);  // shared memory's too

@@ -42,10 +42,11 @@ const char* state_name(FlightRecorder::State s) {
   return "?";
 }
 
-// Microseconds since the epoch, 0 for "not yet".
-int64_t micros(std::chrono::system_clock::time_point t) {
+// Microseconds since the epoch of steady time `t`, given the system clock's offset from
+// the steady clock; 0 for "not yet".
+int64_t micros(FlightRecorder::Clock::time_point t, std::chrono::system_clock::duration offset) {
   if (t.time_since_epoch().count() == 0) return 0;
-  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch() + offset).count();
 }
 
 std::string safe_file_part(const std::string& s) {
@@ -57,7 +58,7 @@ std::string safe_file_part(const std::string& s) {
 }  // namespace
 
 size_t FlightRecorder::queued(uint64_t seq, Collective what, DataType dtype, uint64_t count,
-                              int root) {
+                              int root, Clock::time_point when) {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t slot = next_id_++;
   Entry& e = at(slot);
@@ -68,16 +69,16 @@ size_t FlightRecorder::queued(uint64_t seq, Collective what, DataType dtype, uin
   e.dtype = dtype;
   e.count = count;
   e.root = root;
-  e.queued_at = Clock::now();
+  e.queued_at = when;
   return slot;
 }
 
-void FlightRecorder::running(size_t slot) {
+void FlightRecorder::running(size_t slot, Clock::time_point when) {
   std::lock_guard<std::mutex> lock(mutex_);
   Entry& e = at(slot);
   if (e.id != slot + 1) return;  // overwritten by newer operations
   e.state = State::kRunning;
-  e.started_at = Clock::now();
+  e.started_at = when;
 }
 
 void FlightRecorder::finished(size_t slot, const std::string& error,
@@ -108,8 +109,9 @@ std::string FlightRecorder::json(int rank, int size, const std::string& host,
       << (is_p2p(e.what) ? "p2p" : "collective") << "\",\"op\":" << quoted(collective_name(e.what))
       << ",\"dtype\":" << quoted(dtype_name(e.dtype)) << ",\"count\":" << e.count
       << (is_p2p(e.what) ? ",\"peer\":" : ",\"root\":") << e.root
-      << ",\"state\":\"" << state_name(e.state) << "\",\"queued_us\":" << micros(e.queued_at)
-      << ",\"started_us\":" << micros(e.started_at) << ",\"ended_us\":" << micros(e.ended_at);
+      << ",\"state\":\"" << state_name(e.state) << "\",\"queued_us\":" << micros(e.queued_at, system_offset_)
+      << ",\"started_us\":" << micros(e.started_at, system_offset_)
+      << ",\"ended_us\":" << micros(e.ended_at, system_offset_);
     if (!e.error.empty()) o << ",\"error\":" << quoted(e.error);
     if (!e.awaiting.empty()) {
       o << ",\"awaiting\":[";

@@ -119,15 +119,20 @@ class ProgressEngine : public ProgressEngineBase {
     thread_ = std::thread([this] { loop(); });
   }
 
-  // Queues the operation `make(seq)` returns, seq being the next number of `stream`.
-  // `make` is called under the queue's lock, so that the numbers, the order of the
-  // queue and whatever `make` records with them agree; it must not call the engine.
+  // Queues the operation `make(seq, queued_at)` returns, seq being the next number of
+  // `stream` and queued_at the steady clock's time now: the one reading of the clock on
+  // this path, which the flight recorder shares (readings of some 25 ns each took 18% of
+  // perf's samples of 8-byte allreduces, 5 per call; now 3). `make` is called under the
+  // queue's lock, so that the numbers, the
+  // order of the queue and whatever `make` records with them agree; it must not call
+  // the engine.
   template <class Make>
   void enqueue(size_t stream, Make&& make) {
+    const Clock::time_point now = Clock::now();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       uint64_t seq = next_seq_[stream]++;
-      queue_.push_back(Queued{make(seq), Clock::now()});
+      queue_.push_back(Queued{make(seq, now), now});
     }
     notify();
   }

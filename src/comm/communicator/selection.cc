@@ -24,6 +24,10 @@ bool CommunicatorImpl::direct_path(Collective op, const void* in, size_t in_byte
                                    transport::shm::SharedRef& in_ref,
                                    transport::shm::SharedRef& out_ref) const {
   if (!direct_path_possible()) return false;
+  // First whether the buffers are node-shared: without the lock, and without the model,
+  // where the process has none.
+  out_ref = transport::shm::find_shared(out, out_bytes);
+  if (!out_ref) return false;
   // The model knows the path (predicted_shared_us): it is taken where it is predicted
   // no slower than the segment path; with the built-in parameters from about 16 KiB
   // (below, its second phase costs more than the copies it saves).
@@ -31,8 +35,6 @@ bool CommunicatorImpl::direct_path(Collective op, const void* in, size_t in_byte
   if (predicted_shared_us(op, bytes, shape_, cost_) > predicted_us(op, Algorithm::kShmDirect, bytes, shape_, cost_)) {
     return false;
   }
-  out_ref = transport::shm::find_shared(out, out_bytes);
-  if (!out_ref) return false;
   in_ref = in == nullptr ? transport::shm::SharedRef{} : transport::shm::find_shared(in, in_bytes);
   return in == nullptr || static_cast<bool>(in_ref);
 }

@@ -51,7 +51,7 @@ class RecordingRunner : public ProgressEngine<FakeOp>::Runner {
 
 std::shared_ptr<WorkState> issue(ProgressEngine<FakeOp>& engine, size_t stream, int issuer = 0) {
   std::shared_ptr<WorkState> work;
-  engine.enqueue(stream, [&](uint64_t seq) {
+  engine.enqueue(stream, [&](uint64_t seq, std::chrono::steady_clock::time_point) {
     work = std::make_shared<WorkState>("op", seq, std::weak_ptr<Executor>());
     return FakeOp{stream, seq, issuer, work};
   });

@@ -38,6 +38,9 @@ struct Registry {
   std::mutex mutex;
   std::map<uintptr_t, Entry> by_data;
   std::map<uint64_t, uint8_t*> by_id;
+  // by_data's size, read without the lock: a process that holds no node-shared buffer
+  // (most collectives' case) answers find_shared() without taking it.
+  std::atomic<size_t> live{0};
 };
 
 Registry& registry() {
@@ -58,6 +61,7 @@ SharedRef find_shared(const void* p, size_t bytes) {
   const auto at = reinterpret_cast<uintptr_t>(p);
   const size_t n = bytes == 0 ? 1 : bytes;
   Registry& r = registry();
+  if (r.live.load(std::memory_order_acquire) == 0) return {};
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.by_data.upper_bound(at);
   if (it == r.by_data.begin()) return {};
@@ -131,6 +135,7 @@ std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes) {
   shm::Registry& r = shm::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.by_data[reinterpret_cast<uintptr_t>(data)] = shm::Entry{bytes, file};
+  r.live.store(r.by_data.size(), std::memory_order_release);
   r.by_id[file->id] = file->base;
   return buffer;
 }
@@ -142,6 +147,7 @@ SharedBuffer::~SharedBuffer() {
     shm::Registry& r = shm::registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     r.by_data.erase(reinterpret_cast<uintptr_t>(data_));
+    r.live.store(r.by_data.size(), std::memory_order_release);
     r.by_id.erase(impl_->id);
   }
   // Peers that mapped the file drop their mappings when they next look (peer_files.h).
