@@ -23,7 +23,9 @@ std::string nodelist_error(const std::string& list) {
 
 using Args = std::vector<std::string>;
 
-LaunchOptions parse(const Args& args, const Environment& env) { return parse_options(args, env, 4); }
+LaunchOptions parse(const Args& args, const Environment& env) {
+  return parse_options(args, env, 4);
+}
 
 std::string options_error(const Args& args, const Environment& env) {
   try {
