@@ -6,6 +6,7 @@
 #
 # Scenarios, each with the seed job (chorus-mnist, a few steps):
 #   srun -N2            trains; both ranks end with the same parameter checksum
+#   layouts             ... which one chorusrun of two workers gives too (same threads)
 #   Slurm silent        no scontrol answer: SLURM_LAUNCH_NODE_IPADDR, with a warning
 #   nothing resolves    every node fails at once, naming 'n1'
 #   srun -N1 -n2        refused on both tasks: one chorusrun per node
@@ -14,7 +15,7 @@
 #   kill -9 a launcher  the other node's launcher ends with an error, no hang
 #   scancel             a running job ends on both nodes, each saying why
 #
-# Usage: tests/run/slurm_test.sh BIN_DIR
+# Usage: tests/run/slurm_test.sh BIN_DIR (CHORUS_SLURM_SCENARIOS: a subset, by name)
 # Exit status: 0 passed, 1 failed, 77 skipped (Slurm or munge missing, not root, or
 # Slurm did not start; the reason is printed). Every wait has a deadline; the daemons,
 # jobs and files are removed on every exit (trap).
@@ -156,6 +157,19 @@ scenario_srun() {
   expect_text "$out" "job token is the Slurm job id" "srun -N2 without CHORUS_JOB_TOKEN"
 }
 
+# Two launchers of one worker give the bits of one launcher of two workers when
+# OMP_NUM_THREADS is the same (exported here; by default it is CPUs / local workers).
+scenario_layouts() {
+  local out=$work/standalone.out p_srun p_alone
+  timeout 180 "${run[@]}" --standalone --nproc-per-node 2 "${mnist[@]}" >"$out" 2>&1 ||
+    fail "standalone 1 x 2 exited $?: $(cat "$out")"
+  same_params "$out" "standalone 1 x 2"
+  p_srun=$(grep -o 'rank 0 params [0-9a-f]*' "$work/srun.out")
+  p_alone=$(grep -o 'rank 0 params [0-9a-f]*' "$out")
+  [ -n "$p_srun" ] && [ "$p_srun" = "$p_alone" ] ||
+    fail "OMP_NUM_THREADS=1: srun -N2 x 1 gave '$p_srun', one launcher x 2 '$p_alone'"
+}
+
 scenario_launch_node_address() {
   local out=$work/launch.out
   timeout 180 srun -N2 -n2 env PATH="$work/silent:$PATH" "${run[@]}" "${short[@]}" \
@@ -188,11 +202,12 @@ scenario_two_tasks_per_node() {
   show "$out"
 }
 
+# The master address is given, so that only the ports can collide.
 scenario_two_jobs_one_node() {
-  local a=$work/job_a.out b=$work/job_b.out pa pb rc=0
-  timeout 180 srun -N1 -w n1 "${run[@]}" "${mnist[@]}" >"$a" 2>&1 &
+  local a=$work/job_a.out b=$work/job_b.out pa pb
+  timeout 180 srun -N1 -w n1 "${run[@]}" --master-addr 127.0.0.1 "${mnist[@]}" >"$a" 2>&1 &
   pa=$!
-  timeout 180 srun -N1 -w n1 "${run[@]}" "${mnist[@]}" >"$b" 2>&1 &
+  timeout 180 srun -N1 -w n1 "${run[@]}" --master-addr 127.0.0.1 "${mnist[@]}" >"$b" 2>&1 &
   pb=$!
   wait "$pa" || fail "first of two jobs on n1 exited $?: $(cat "$a")"
   wait "$pb" || fail "second of two jobs on n1 exited $?: $(cat "$b")"
@@ -266,8 +281,9 @@ scenario_scancel() {
   show "$work/cancelled.out"
 }
 
-for scenario in srun launch_node_address unresolvable two_tasks_per_node two_jobs_one_node \
-                sbatch kill_launcher scancel; do
+# CHORUS_SLURM_SCENARIOS="srun sbatch" runs only those (layouts needs srun).
+for scenario in ${CHORUS_SLURM_SCENARIOS:-srun layouts launch_node_address unresolvable \
+                two_tasks_per_node two_jobs_one_node sbatch kill_launcher scancel}; do
   before=$failures
   "scenario_$scenario"
   [ "$failures" -eq "$before" ] && echo "ok: $scenario" || echo "FAILED: $scenario"
