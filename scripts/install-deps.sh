@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs, with apt-get, only the Debian packages chorus needs that are missing.
 # Idempotent and quick when everything is there. Usage: scripts/install-deps.sh [EXTRA...]
+# EXTRA: packages only some scripts and tests need, which pass them themselves or name
+# them when they skip: openmpi-bin libopenmpi-dev (bench/compare_allreduce.sh), slurm-wlm
+# munge (tests/run/slurm_test.sh, a real Slurm on this machine).
 set -euo pipefail
 
 # python3-torch, python3-dev, pybind11-dev: the torch.distributed backend (python/) for

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "chorus/version.h"
+#include "run/cluster_env.h"
 #include "run/options.h"
 #include "run/supervisor.h"
 
@@ -14,8 +15,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   LaunchOptions options;
   try {
-    options = parse_options(args, current_environment(),
+    const Environment env = current_environment();
+    options = parse_options(args, env,
                             static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    // Before any node waits on the master address: a name that does not resolve fails
+    // every node at once, naming it (cluster_env.h).
+    settle_master_addr(options, env, system_host_lookup());
   } catch (const HelpRequested&) {
     std::cout << usage_text();
     return 0;

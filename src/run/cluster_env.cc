@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <string_view>
 #include <utility>
+
+#include "chorus/error.h"
+#include "comm/common/socket.h"
 
 namespace chorus::run {
 namespace {
@@ -184,8 +188,17 @@ void read_number(const Environment& env, std::initializer_list<const char*> name
   info.source[key] = found->first;
 }
 
+// `names` as a whole number >= min, with the variable it came from; empty when unset.
+std::optional<std::pair<std::string, int>> number_of(const Environment& env,
+                                                     std::initializer_list<const char*> names,
+                                                     int min) {
+  auto found = first_set(env, names);
+  if (!found) return std::nullopt;
+  return std::make_pair(found->first, whole_number(found->first, found->second, min));
+}
+
 void read_slurm_master(const Environment& env, ClusterInfo& info) {
-  auto found = first_set(env, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"});
+  auto found = first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   if (!found) return;
   try {
     // Expanding the whole list (bounded) also checks it, not just its first item.
@@ -196,23 +209,108 @@ void read_slurm_master(const Environment& env, ClusterInfo& info) {
   info.source["master_addr"] = found->first;
 }
 
+// A count in a tasks-per-node value: a whole number >= 0.
+std::optional<int> task_count(std::string_view text) {
+  int value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < 0) return std::nullopt;
+  return value;
+}
+
+// The largest count of Slurm's tasks-per-node form "2(x3),1" (two tasks on each of three
+// nodes, then one).
+int most_tasks_on_a_node(const std::string& name, const std::string& text) {
+  int most = 0;
+  for (size_t start = 0; start <= text.size();) {
+    size_t comma = std::min(text.find(',', start), text.size());
+    std::string_view item(text.data() + start, comma - start);
+    size_t repeat = item.find("(x");
+    std::optional<int> tasks = task_count(item.substr(0, repeat));
+    bool repeat_ok = repeat == item.npos ||
+                     (item.back() == ')' &&
+                      task_count(item.substr(repeat + 2, item.size() - repeat - 3)).has_value());
+    if (!tasks || !repeat_ok) {
+      throw UsageError(name + "=" + text + ": must be task counts such as 2(x3),1");
+    }
+    most = std::max(most, *tasks);
+    start = comma + 1;
+  }
+  return most;
+}
+
+std::string one_launcher_per_node() {
+  return "start one chorusrun per node (srun --ntasks-per-node=1 chorusrun ..., or sbatch "
+         "--ntasks-per-node=1; with -n, -n equal to -N) and give the workers per node "
+         "with --nproc-per-node";
+}
+
+// Under srun (SLURM_STEP_ID set) every task is one chorusrun and Slurm numbers nodes,
+// not tasks: two tasks on one node would both be that node (the same SLURM_NODEID), one
+// failing on the store's port while the other trains alone. In the batch script (no
+// step) chorusrun runs on the job's first node only, which is fine for one node and a
+// wait for launchers that never come for more.
+std::string slurm_refusal(const Environment& env, const ClusterInfo& info) {
+  bool in_step = first_set(env, {"SLURM_STEP_ID", "SLURM_STEPID"}).has_value();
+  if (!in_step) {
+    if (info.nnodes.value_or(1) == 1) return "";
+    return "chorusrun runs in the batch script of a job of " + std::to_string(*info.nnodes) +
+           " nodes (" + info.source.at("nnodes") + "), which runs on the job's first node " +
+           "only, so the other nodes' launchers would never come: " + one_launcher_per_node();
+  }
+  std::string evidence;
+  if (auto per_node = first_set(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
+    if (most_tasks_on_a_node(per_node->first, per_node->second) > 1) {
+      evidence = per_node->first + "=" + per_node->second;
+    }
+  }
+  auto tasks = number_of(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, 1);
+  auto nodes = number_of(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}, 1);
+  if (evidence.empty() && tasks && nodes && tasks->second > nodes->second) {
+    evidence = tasks->first + "=" + std::to_string(tasks->second) + " > " + nodes->first + "=" +
+               std::to_string(nodes->second);
+  }
+  auto ntasks_per_node = number_of(env, {"SLURM_NTASKS_PER_NODE"}, 0);
+  if (evidence.empty() && ntasks_per_node && ntasks_per_node->second > 1) {
+    evidence = "SLURM_NTASKS_PER_NODE=" + std::to_string(ntasks_per_node->second);
+  }
+  auto local_id = number_of(env, {"SLURM_LOCALID"}, 0);
+  if (evidence.empty() && local_id && local_id->second > 0) {
+    evidence = "SLURM_LOCALID=" + std::to_string(local_id->second);
+  }
+  if (evidence.empty()) return "";
+  return "srun started more than one task on a node (" + evidence + "), and each would be " +
+         "a chorusrun claiming the whole node: " + one_launcher_per_node();
+}
+
 ClusterInfo slurm(const Environment& env, const std::string& job_id) {
   ClusterInfo info;
   info.scheduler = "slurm";
-  read_number(env, {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, 1, "nnodes", info.nnodes, info);
+  read_number(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, 1, "nnodes",
+              info.nnodes, info);
   read_number(env, {"SLURM_NODEID"}, 0, "node_rank", info.node_rank, info);
   read_slurm_master(env, info);
   info.job_id = job_id;
   info.source["rdzv_id"] = "SLURM_JOB_ID";
+  info.master_port = slurm_port(job_id);
+  info.source["master_port"] = "SLURM_JOB_ID";
+  info.refusal = slurm_refusal(env, info);
   return info;
 }
 
-// Open MPI does not say where rank 0 runs, so master_addr stays unset.
+// Open MPI does not say where rank 0 runs, so master_addr stays unset; it does say how
+// many of the launchers share this host.
 ClusterInfo open_mpi(const Environment& env) {
   ClusterInfo info;
   info.scheduler = "mpirun";
   read_number(env, {"OMPI_COMM_WORLD_SIZE"}, 1, "nnodes", info.nnodes, info);
   read_number(env, {"OMPI_COMM_WORLD_RANK"}, 0, "node_rank", info.node_rank, info);
+  auto local = number_of(env, {"OMPI_COMM_WORLD_LOCAL_SIZE"}, 1);
+  int size = info.nnodes.value_or(1);
+  info.several_hosts = local ? local->second < size : size > 1;
+  info.hosts_evidence = local ? "OMPI_COMM_WORLD_LOCAL_SIZE=" + std::to_string(local->second) +
+                                    " of OMPI_COMM_WORLD_SIZE=" + std::to_string(size)
+                              : "OMPI_COMM_WORLD_SIZE=" + std::to_string(size) +
+                                    " and no OMPI_COMM_WORLD_LOCAL_SIZE";
   return info;
 }
 
@@ -238,6 +336,91 @@ std::vector<std::string> expand_nodelist(const std::string& list) {
   hosts.reserve(total);
   for (const Item& item : items) append_hosts(item, hosts);
   return hosts;
+}
+
+uint16_t slurm_port(const std::string& job_id) {
+  uint64_t number = 0;
+  auto [end, error] = std::from_chars(job_id.data(), job_id.data() + job_id.size(), number);
+  if (error != std::errc() || end != job_id.data() + job_id.size()) {
+    number = 14695981039346656037ull;  // FNV-1a
+    for (unsigned char c : job_id) number = (number ^ c) * 1099511628211ull;
+  }
+  return static_cast<uint16_t>(kSlurmPortBase + number % kSlurmPorts);
+}
+
+namespace {
+
+bool resolves_here(const std::string& host) {
+  try {
+    return !net::resolve(host, 0).empty();
+  } catch (const SystemError&) {
+    return false;
+  }
+}
+
+// NodeAddr=... from `scontrol show node -o NAME`. `timeout` bounds the wait for a
+// controller that does not answer (scontrol's own retries take about a minute). The
+// name has passed the host check of the options (letters, digits, . - _ : %), so it
+// needs no quoting beyond the single quotes.
+std::optional<std::string> scontrol_node_addr(const std::string& name) {
+  if (name.empty() || name.front() == '-') return std::nullopt;
+  std::string command = "timeout -k 1 5 scontrol show node -o '" + name + "' 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return std::nullopt;
+  std::string out;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0 && out.size() < (1u << 20)) {
+    out.append(buffer, n);
+  }
+  if (::pclose(pipe) != 0) return std::nullopt;
+  const std::string key = " NodeAddr=";
+  size_t at = out.find(key);
+  if (at == std::string::npos) return std::nullopt;
+  size_t start = at + key.size();
+  std::string addr = out.substr(start, out.find_first_of(" \n", start) - start);
+  if (addr.empty()) return std::nullopt;
+  return addr;
+}
+
+}  // namespace
+
+HostLookup system_host_lookup() { return {resolves_here, scontrol_node_addr}; }
+
+void settle_master_addr(LaunchOptions& options, const Environment& env, const HostLookup& hosts) {
+  const std::string name = options.master_addr;
+  if (hosts.resolves(name)) return;
+  auto it = options.source.find("master_addr");
+  const std::string source = it == options.source.end() ? std::string("default") : it->second;
+  std::string why;
+  if (source.rfind("SLURM_", 0) == 0) {
+    std::optional<std::string> node_addr = hosts.slurm_node_addr(name);
+    if (node_addr && *node_addr != name && hosts.resolves(*node_addr)) {
+      options.master_addr = *node_addr;
+      options.source["master_addr"] = "NodeAddr of " + name + " (scontrol show node)";
+      return;
+    }
+    std::optional<std::string> launch = lookup(env, "SLURM_LAUNCH_NODE_IPADDR");
+    if (launch && hosts.resolves(*launch)) {
+      options.master_addr = *launch;
+      options.source["master_addr"] = "SLURM_LAUNCH_NODE_IPADDR";
+      options.warnings.push_back(
+          "the master host '" + name + "' (first host of " + source +
+          ") does not resolve here and Slurm gave no address for it; using "
+          "SLURM_LAUNCH_NODE_IPADDR=" + *launch + ", the host srun runs on, which is node 0 "
+          "only when srun runs on the job's first node (as in a batch script); else give "
+          "--master-addr");
+      return;
+    }
+    why = ", Slurm gave no NodeAddr for it (scontrol show node) and SLURM_LAUNCH_NODE_IPADDR " +
+          std::string(launch ? "does not resolve either" : "is not set");
+  }
+  std::string from = source == "default" ? "the default" : source;
+  if (source.rfind("SLURM_", 0) == 0) from = "first host of " + source;
+  throw UsageError("cannot resolve the master address '" + name + "' (" + from +
+                   ") on this node (host " + net::hostname() + ")" + why +
+                   ": every node must reach node 0's store there; give --master-addr with an "
+                   "address every node resolves (an IP address, or a name in DNS or /etc/hosts)");
 }
 
 }  // namespace chorus::run

@@ -96,15 +96,51 @@ void add_exported_master(const Environment& env, bool standalone, GivenValues& g
 }
 
 // Only when some option it could supply is missing: a cluster variable that chorus
-// cannot read must not block a user who gave every value himself.
-void add_cluster(const Environment& env, GivenValues& given) {
-  if (!cluster_can_help(given)) return;
+// cannot read must not block a user who gave every value himself. A launch the cluster
+// says cannot work (cluster_env.h: ClusterInfo::refusal) is refused when the cluster
+// would give this launcher its node count or rank.
+std::optional<ClusterInfo> add_cluster(const Environment& env, GivenValues& given) {
+  if (!cluster_can_help(given)) return std::nullopt;
   std::optional<ClusterInfo> cluster = detect_cluster(env);
-  if (!cluster) return;
+  if (!cluster) return std::nullopt;
+  bool places_this_node = given.count("nnodes") == 0 || given.count("node_rank") == 0;
+  if (!cluster->refusal.empty() && places_this_node) throw UsageError(cluster->refusal);
   offer(*cluster, "nnodes", as_text(cluster->nnodes), given);
   offer(*cluster, "node_rank", as_text(cluster->node_rank), given);
   offer(*cluster, "master_addr", cluster->master_addr, given);
+  offer(*cluster, "master_port", as_text(cluster->master_port), given);
   offer(*cluster, "rdzv_id", cluster->job_id, given);
+  return cluster;
+}
+
+// What the cluster's values mean once all values are known:
+// - under mpirun across hosts, a loopback master address is each host itself, so the
+//   launchers would never meet; Open MPI does not say where rank 0 runs, so the user
+//   must (docs/launcher.md, "Running under mpirun", says why no other channel is used);
+// - Slurm's job id, the job token unless CHORUS_JOB_TOKEN is set, is public (squeue).
+void check_cluster(const std::optional<ClusterInfo>& cluster, const Environment& env,
+                   const GivenValues& given, LaunchOptions& options) {
+  if (!cluster) return;
+  const std::string& addr = options.master_addr;
+  bool loopback = addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+  if (cluster->scheduler == "mpirun" && cluster->several_hosts && options.nnodes > 1 &&
+      loopback) {
+    throw UsageError(
+        "mpirun started the launchers on more than one host (" + cluster->hosts_evidence +
+        "), but the master address is " + reference(given.at("master_addr"), "--master-addr") +
+        ", which every host reads as itself: Open MPI does not say where rank 0 runs, so "
+        "give node 0's address: --master-addr HOST (or mpirun -x MASTER_ADDR=HOST), HOST "
+        "being where mpirun places rank 0 (the first host of --host or --hostfile)");
+  }
+  auto token = env.find("CHORUS_JOB_TOKEN");
+  bool token_set = token != env.end() && !token->second.empty();
+  if (options.source.at("rdzv_id") == "SLURM_JOB_ID" && !token_set) {
+    options.warnings.push_back(
+        "the job token is the Slurm job id " + options.rdzv_id +
+        " (SLURM_JOB_ID), which every user of the cluster can read (squeue): export "
+        "CHORUS_JOB_TOKEN set to a secret before srun, e.g. "
+        "CHORUS_JOB_TOKEN=$(openssl rand -hex 32) in the batch script");
+  }
 }
 
 void add_defaults(GivenValues& given) {

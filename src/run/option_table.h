@@ -12,10 +12,12 @@
 
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "run/cluster_env.h"
 #include "run/environment.h"
 
 namespace chorus::run {
@@ -133,7 +135,9 @@ GivenValues from_environment(const Environment& env, std::string_view prefix);
 void add_below(const GivenValues& lower, GivenValues& given);
 void map_endpoint(GivenValues& level);
 void add_exported_master(const Environment& env, bool standalone, GivenValues& given);
-void add_cluster(const Environment& env, GivenValues& given);
+std::optional<ClusterInfo> add_cluster(const Environment& env, GivenValues& given);
+void check_cluster(const std::optional<ClusterInfo>& cluster, const Environment& env,
+                   const GivenValues& given, LaunchOptions& options);
 void add_defaults(GivenValues& given);
 
 // --- Values and checks across options (option_values.cc) ---------------------------

@@ -39,12 +39,14 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const Environm
   // --standalone is one node on this machine, whatever the cluster says.
   bool standalone = given.count("standalone") > 0 && to_bool(given.at("standalone"));
   add_exported_master(env, standalone, given);
-  if (!standalone) add_cluster(env, given);
+  std::optional<ClusterInfo> cluster;
+  if (!standalone) cluster = add_cluster(env, given);
   add_defaults(given);
   LaunchOptions options;
   convert_values(given, cpus, options);
   apply_standalone(given, options);
   check_combinations(given, options);
+  check_cluster(cluster, env, given, options);
   warn_unused_master_addr(env, options);
   options.program = std::move(line.program);
   options.program_args = std::move(line.program_args);
@@ -84,10 +86,15 @@ std::string usage_text() {
          "clusters (not read with --standalone):\n"
          "  mpirun, one chorusrun per node (OMPI_COMM_WORLD_SIZE set):\n"
          "      --nnodes OMPI_COMM_WORLD_SIZE, --node-rank OMPI_COMM_WORLD_RANK\n"
-         "  Slurm (SLURM_JOB_ID set, and OMPI_COMM_WORLD_SIZE not):\n"
-         "      --nnodes SLURM_NNODES (or SLURM_JOB_NUM_NODES), --node-rank SLURM_NODEID,\n"
-         "      --master-addr the first host of SLURM_JOB_NODELIST (or SLURM_NODELIST),\n"
-         "      --rdzv-id SLURM_JOB_ID\n";
+         "      (across hosts --master-addr must be given: Open MPI does not say where\n"
+         "      rank 0 runs)\n"
+         "  Slurm, one chorusrun per node (SLURM_JOB_ID set, and OMPI_COMM_WORLD_SIZE not):\n"
+         "      --nnodes SLURM_STEP_NUM_NODES (or SLURM_NNODES, SLURM_JOB_NUM_NODES),\n"
+         "      --node-rank SLURM_NODEID, --master-addr the first host of\n"
+         "      SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST, SLURM_NODELIST; when its name does\n"
+         "      not resolve: Slurm's NodeAddr for it, else SLURM_LAUNCH_NODE_IPADDR),\n"
+         "      --master-port 29500 + SLURM_JOB_ID mod 1000, --rdzv-id SLURM_JOB_ID (public:\n"
+         "      set CHORUS_JOB_TOKEN to a secret); several tasks on a node are refused\n";
   return out.str();
 }
 

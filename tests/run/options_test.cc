@@ -35,6 +35,7 @@ std::string usage_error(const Args& args, const Environment& env = {}) {
 }
 
 const Environment kSlurm = {{"SLURM_JOB_ID", "4711"},
+                            {"SLURM_STEP_ID", "0"},
                             {"SLURM_NNODES", "4"},
                             {"SLURM_NODEID", "2"},
                             {"SLURM_JOB_NODELIST", "node[01-03,07]"}};
@@ -442,11 +443,14 @@ TEST(Options, SlurmFillsWhatIsNotGiven) {
   EXPECT_EQ(o.source.at("nnodes"), "SLURM_NNODES");
   EXPECT_EQ(o.source.at("master_addr"), "SLURM_JOB_NODELIST");
   EXPECT_EQ(o.source.at("rdzv_id"), "SLURM_JOB_ID");
-  EXPECT_EQ(o.source.at("master_port"), "default");
+  EXPECT_EQ(o.master_port, 30211);
+  EXPECT_EQ(o.source.at("master_port"), "SLURM_JOB_ID");
 }
 
 TEST(Options, MpirunFillsNodesButNotTheMasterAddress) {
-  Environment env = {{"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_RANK", "1"}};
+  Environment env = {{"OMPI_COMM_WORLD_SIZE", "3"},
+                     {"OMPI_COMM_WORLD_RANK", "1"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}};
   LaunchOptions o = parse({"prog"}, env);
   EXPECT_EQ(o.nnodes, 3);
   EXPECT_EQ(o.node_rank, 1);
