@@ -22,7 +22,8 @@
 #             best of the runs, against load from other processes (default 1)
 #   -c        also write the table as CSV: library,transport,ranks,bytes,time_us,
 #             busbw_gbs,mode, one row per library and size (library chorus,
-#             chorus-shared, gloo, mpi, or memcpy: 1 rank, its GB/s as busbw_gbs)
+#             chorus-shared, gloo, mpi, or memcpy: 1 rank, its GB/s as busbw_gbs;
+#             memcpy-cross-core: 2 threads, likewise)
 #   -P        also draw busbw against size (scripts/plot busbw) into this PNG
 # Every program gets the same sizes and iteration counts. Time is the average per op
 # of back-to-back ops, max over the ranks; busbw = size/time * 2(n-1)/n (nccl-tests).
@@ -30,7 +31,10 @@
 # timed ops); torch's all_reduce (Gloo) only runs in place, so it does in both modes.
 # memcpy: one process copying the size between two buffers back to back
 # (bench/memcpy_bench.cc), GB/s = size/time: the cost of moving the bytes once, on
-# this machine at this moment; cs/memcpy = chorus shared's busbw over it.
+# this machine at this moment; cs/memcpy = chorus shared's busbw over it. With -T shm
+# also xcore: a copy from a buffer that another core has just written (memcpy-bench
+# -x 1), the rate at which 2 ranks on 2 cores take each other's bytes, which bounds
+# their allreduce's busbw; cs/xcore = chorus shared's busbw over it.
 # Each program also checks its results (#wrong elements must be 0).
 # Environment: CHORUS_BENCH=path uses that binary, and the memcpy-bench beside it,
 # instead of building build/bin/chorus-bench and build/bin/memcpy-bench. Exits
@@ -152,6 +156,12 @@ run_memcpy() {
   ((rc == 0)) || fail_run memcpy "$rc" "$WORK/memcpy.log"
 }
 
+run_xcore() {
+  local rc=0
+  timeout -k 10 "$timeout_s" "$MEMCPY_BENCH" -x 1 "$@" >>"$WORK/xcore.out" 2>>"$WORK/xcore.log" || rc=$?
+  ((rc == 0)) || fail_run xcore "$rc" "$WORK/xcore.log"
+}
+
 run_mpi() {
   local rc=0
   local btl=(--mca btl self,tcp --mca btl_tcp_if_include lo)
@@ -242,11 +252,14 @@ if missing:
 factor = 2 * (ranks - 1) / ranks
 busbw = lambda size, us: size / (us * 1e3) * factor  # GB/s
 gbs = lambda size, us: size / (us * 1e3) if us > 0 else float("inf")  # memcpy: bytes copied per second
-allreduces = [lib for lib in libs if lib != "memcpy"]
+copies = ("memcpy", "xcore")
+allreduces = [lib for lib in libs if lib not in copies]
+xcore = "xcore" in libs
 short = {"chorus": "chorus", "shared": "c_shared", "gloo": "gloo", "mpi": "mpi"}
 head = (["size"] + [f"{short[l]}_us" for l in allreduces] + [f"{short[l]}_bw" for l in allreduces]
         + ["memcpy_bw", "c/gloo_bw", "c/mpi_bw", "c/mpi_lat"]
-        + (["cs/mpi_bw", "cs/memcpy"] if shared else []))
+        + (["xcore_bw"] if xcore else [])
+        + (["cs/mpi_bw", "cs/memcpy"] if shared else []) + (["cs/xcore"] if shared and xcore else []))
 where = ("TCP over 127.0.0.1" if transport == "tcp" else
          "chorus and Open MPI (vader) in shared memory, Gloo over TCP on 127.0.0.1")
 layout = ("in place (Open MPI: MPI_IN_PLACE)" if mode == "in" else
@@ -256,6 +269,9 @@ print("# time in us (avg per op, max over ranks); busbw in GB/s; memcpy_bw: GB/s
       "process copying the size (memcpy-bench); ratios of busbw, latency c/mpi_lat")
 if shared:
     print("# c_shared: chorus on buffers from chorus::allocate_shared (its direct path)")
+if xcore:
+    print("# xcore_bw: GB/s of a copy from a buffer that another core just wrote (memcpy-bench -x 1), "
+          "the rate at which ranks on 2 cores can take each other's bytes")
 print("# c/gloo_bw, c/mpi_bw > 1 and c/mpi_lat < 1 (sizes up to 64 KiB) favour chorus")
 print(f"# load average (1/5/15 min) before: {load_before}, after: {load_after}")
 print("".join(f"{h:>12}" for h in head))
@@ -267,8 +283,13 @@ for s in sizes:
     line = (f"{s:>12}" + "".join(f"{t[l]:12.1f}" for l in allreduces)
             + "".join(f"{bw[l]:12.3f}" for l in allreduces) + f"{copy:12.3f}"
             + f"{bw['chorus'] / bw['gloo']:12.2f}{bw['chorus'] / bw['mpi']:12.2f}" + lat)
+    cross = gbs(s, t["xcore"]) if xcore else None
+    if xcore:
+        line += f"{cross:12.3f}"
     if shared:
         line += f"{bw['shared'] / bw['mpi']:12.2f}{bw['shared'] / copy:12.2f}"
+    if shared and xcore:
+        line += f"{bw['shared'] / cross:12.2f}"
     print(line)
 if csv_path:
     names = {"shared": "chorus-shared"}
@@ -278,8 +299,9 @@ if csv_path:
         for lib in libs:
             for s in sizes:
                 us = data[lib][s][0]
-                if lib == "memcpy":
-                    row = ("memcpy", "memory", 1, s, f"{us:.3f}", f"{gbs(s, us):.6f}", "copy")
+                if lib in copies:
+                    row = ("memcpy" if lib == "memcpy" else "memcpy-cross-core", "memory", 1 if lib == "memcpy" else 2,
+                           s, f"{us:.3f}", f"{gbs(s, us):.6f}", "copy")
                 else:
                     row = (names.get(lib, lib), "tcp" if lib == "gloo" else transport, ranks, s,
                            f"{us:.3f}", f"{busbw(s, us):.6f}", "in" if lib == "gloo" else mode)
@@ -294,7 +316,7 @@ main() {
   parse_args "$@"
   # The programs, in the order of each round and of the table's columns.
   LIBS=(chorus gloo mpi memcpy)
-  [[ $TRANSPORT == shm ]] && LIBS=(chorus shared gloo mpi memcpy)
+  [[ $TRANSPORT == shm ]] && LIBS=(chorus shared gloo mpi memcpy xcore)
   LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
   ensure_packages
   WORK=$(mktemp -d /tmp/compare_allreduce.XXXXXX)
