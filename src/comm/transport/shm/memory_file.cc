@@ -3,6 +3,7 @@
 #include "comm/transport/shm/memory_file.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -50,12 +51,26 @@ Registry& registry() {
 
 std::atomic<uint64_t> next_id{1};
 
+std::atomic<int32_t> cached_pid{0};  // 0: not read yet
+
 [[noreturn]] void fail(const std::string& what, size_t bytes, int err) {
   throw SystemError("allocate_shared(" + std::to_string(bytes) + "): " + what + " failed: " +
                     std::strerror(err));
 }
 
 }  // namespace
+
+int32_t this_pid() {
+  int32_t pid = cached_pid.load(std::memory_order_relaxed);
+  if (pid != 0) return pid;
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    pthread_atfork(nullptr, nullptr, [] { cached_pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed); });
+  });
+  pid = static_cast<int32_t>(getpid());
+  cached_pid.store(pid, std::memory_order_relaxed);
+  return pid;
+}
 
 SharedRef find_shared(const void* p, size_t bytes) {
   const auto at = reinterpret_cast<uintptr_t>(p);
@@ -71,7 +86,7 @@ SharedRef find_shared(const void* p, size_t bytes) {
   const SharedBuffer::Private& f = *it->second.file;
   SharedRef ref;
   ref.id = f.id;
-  ref.pid = static_cast<int32_t>(getpid());
+  ref.pid = this_pid();
   ref.fd = f.fd;
   ref.map_bytes = f.map_bytes;
   ref.offset = kFileHeaderBytes + (at - begin);

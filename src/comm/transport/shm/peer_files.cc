@@ -17,7 +17,7 @@ PeerFiles::~PeerFiles() {
 }
 
 uint8_t* PeerFiles::map(const SharedRef& ref, std::string& error) {
-  if (ref.pid == static_cast<int32_t>(getpid())) {
+  if (ref.pid == this_pid()) {
     uint8_t* own = own_file(ref.id);
     if (own == nullptr) error = "this process holds no node-shared buffer " + std::to_string(ref.id) + " (freed?)";
     return own;
