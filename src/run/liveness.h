@@ -11,11 +11,11 @@
 //               froze, lost its network, or a launcher that was stopped.
 //   lost        the first launcher found lost, as JSON (first writer wins).
 //
-// Each launcher runs one thread that, every kTick, reads `lost` and beats. Node 0,
-// which hosts the store, watches every other node: its alive key gone, or its counter
-// unchanged for the heartbeat timeout, and it is lost. The others watch node 0: its
-// store closing their connection, or not answering, or node 0's counter standing still
-// for the heartbeat timeout. A node that has said it leaves (left/<k>) is never counted
+// Each launcher runs one thread that, every kTick, reads `lost`, beats, and checks the
+// other nodes' alive keys: a node whose key is gone is lost. Node 0, which hosts the
+// store, also watches every other node's counter: unchanged for the heartbeat timeout,
+// and the node is lost. The others watch node 0: its store closing their connection,
+// or not answering, or node 0's counter standing still for the heartbeat timeout. A node that has said it leaves (left/<k>) is never counted
 // lost. The loss is then every launcher's failure of the round (supervisor.cc).
 //
 // The heartbeat timeout is CHORUS_HEARTBEAT_TIMEOUT (default 5 s, at least 0.5 s).
@@ -92,7 +92,9 @@ class Liveness {
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<Store> store_;
   std::vector<std::string> hosts_;
-  // The nodes this one watches, their last counter value and when it last changed.
+  std::vector<int> others_;  // every node but this one: their alive keys are checked
+  // The nodes whose heartbeats this one watches (node 0: all others; the others: node
+  // 0), their last counter value and when it last changed.
   std::vector<int> watched_;
   std::vector<int64_t> last_beat_;
   std::vector<std::chrono::steady_clock::time_point> last_change_;

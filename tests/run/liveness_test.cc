@@ -141,12 +141,17 @@ TEST(Liveness, KilledLauncherOfASleepingNodeIsNamed) {
   }
 }
 
-// Three nodes: node 0 finds node 1 lost and tells node 2 through the store.
+// Three nodes: nodes 0 and 2 both name node 1. With workers in an allreduce, node 2's
+// workers fail as soon as node 1's die; node 2 must still find the launcher's loss
+// rather than report its own worker.
 TEST(Liveness, EveryOtherNodeNamesTheLostOne) {
-  Job job(3, kSleepers);
-  ASSERT_TRUE(job.all_say("ready")) << job.all_output();
-  ASSERT_EQ(kill(job.nodes[1]->pid(), SIGKILL), 0);
-  expect_survivors_name(job, 1, Clock::now());
+  for (bool collective : {false, true}) {
+    SCOPED_TRACE(collective ? "workers in an allreduce" : "sleeping workers");
+    Job job(3, collective ? kAllreduce : kSleepers);
+    ASSERT_TRUE(job.all_say(collective ? "started" : "ready")) << job.all_output();
+    ASSERT_EQ(kill(job.nodes[1]->pid(), SIGKILL), 0);
+    expect_survivors_name(job, 1, Clock::now());
+  }
 }
 
 // Workers in a collective: node 1's workers die with their launcher, node 0's fail in
