@@ -11,12 +11,14 @@
 //               froze, lost its network, or a launcher that was stopped.
 //   lost        the first launcher found lost, as JSON (first writer wins).
 //
-// Each launcher runs one thread that, every kTick, reads `lost`, beats, and checks the
-// other nodes' alive keys: a node whose key is gone is lost. Node 0, which hosts the
-// store, also watches every other node's counter: unchanged for the heartbeat timeout,
-// and the node is lost. The others watch node 0: its store closing their connection,
-// or not answering, or node 0's counter standing still for the heartbeat timeout. A node that has said it leaves (left/<k>) is never counted
-// lost. The loss is then every launcher's failure of the round (supervisor.cc).
+// Each launcher runs one thread that, every 100 ms, reads `lost` and checks the other
+// nodes' alive keys: a node whose key is gone is lost. Every heartbeat interval it also
+// beats; node 0, which hosts the store, then reads every other node's counter (one
+// unchanged for the heartbeat timeout: that node is lost), and the others read node 0's.
+// The others also count node 0 lost when its store closes their connection or does not
+// answer within the heartbeat timeout. A node that has said it leaves (left/<k>) is
+// never counted lost. The loss is every launcher's failure of the round
+// (supervisor.cc), and the job's end: a lost node cannot come back.
 //
 // The heartbeat timeout is CHORUS_HEARTBEAT_TIMEOUT (default 5 s, at least 0.5 s).
 #pragma once

@@ -57,9 +57,9 @@ class LauncherRendezvous {
   }
 
   // Barrier before attempt `round`; false when interrupted or a launcher was lost.
-  // Node 0 first picks the attempt's worker port — a
-  // port free on master_addr, and on the wildcard address where a PyTorch TCPStore
-  // binds, at that moment (bound as port 0, then closed) — and publishes it.
+  // Node 0 first picks the attempt's worker port — a port free on master_addr, and on
+  // the wildcard address where a PyTorch TCPStore binds, at that moment (bound as port
+  // 0, then closed) — and publishes it.
   bool ready(int round, const std::function<bool()>& interrupted);
   // The MASTER_PORT of attempt `round`'s workers; call after ready(round) returned true.
   uint16_t worker_port(int round);
