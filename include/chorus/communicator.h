@@ -161,7 +161,8 @@ struct CommOptions {
   bool check_consistency = false;
   // Flight recorder: operations kept (CHORUS_TRACE_BUFFER_SIZE, 0: off) and the
   // directory they are written to on a timeout or abort (CHORUS_TRACE_DIR; empty:
-  // stderr). apps/chorus-trace merges the ranks' files.
+  // $TMPDIR/chorus-traces-<uid>, /tmp when TMPDIR is unset). The console gets one line
+  // naming the file. apps/chorus-trace merges the ranks' files.
   size_t trace_buffer_size = kDefaultTraceBufferSize;
   std::string trace_dir;
   // Pipelining unit of the ring and chain algorithms over tcp, bytes

@@ -142,6 +142,12 @@ struct TcpStoreServerOptions {
   std::optional<std::string> allowlist_file;
   // How long a new connection has to prove the token before it is closed and logged.
   std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
+  // Keys that start with this prefix (none when empty) last only as long as the
+  // connection that last wrote them (SET, ADD, or a COMPARE_SET that stored): when it
+  // closes, for any reason, the server deletes them. A client marks its presence so;
+  // chorusrun's launchers do (run/liveness.h), so that node 0 learns at once that
+  // another node's launcher died.
+  std::string connection_scoped_prefix;
 };
 
 // The TCP store server. Listens on `host:port` (port 0 picks a free one) and serves

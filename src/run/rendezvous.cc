@@ -38,22 +38,28 @@ uint16_t pick_worker_port(const std::string& host) {
 }
 
 std::string worker_port_key(int round) { return "round/" + std::to_string(round) + "/worker_port"; }
+
+std::string rdzv_prefix(const LaunchOptions& options) { return "chorusrun/" + options.rdzv_id; }
 }  // namespace
 
 LauncherRendezvous::LauncherRendezvous(const LaunchOptions& options,
                                        std::chrono::milliseconds connect_timeout)
     : options_(options), connect_timeout_(connect_timeout) {
   std::string token = job_token(options);
+  const std::chrono::milliseconds heartbeat = heartbeat_timeout();  // a bad value fails first
   if (options.node_rank == 0) {
     TcpStoreServerOptions server_options;
     server_options.job_token = token;
+    server_options.connection_scoped_prefix = rdzv_prefix(options) + "/alive/";
     server_ = std::make_unique<TcpStoreServer>(options.master_addr, options.master_port,
                                                server_options);
   }
   auto tcp = std::make_shared<TcpStore>(options.master_addr, options.master_port, connect_timeout,
                                         token);
-  store_ = std::make_shared<PrefixStore>("chorusrun/" + options.rdzv_id, tcp);
+  store_ = std::make_shared<PrefixStore>(rdzv_prefix(options), tcp);
   store_->set_timeout(connect_timeout);
+  liveness_ = std::make_unique<Liveness>(options, token, rdzv_prefix(options), connect_timeout,
+                                         heartbeat);
 }
 
 LauncherRendezvous::~LauncherRendezvous() = default;
@@ -67,8 +73,21 @@ std::vector<std::string> LauncherRendezvous::node_keys(const std::string& prefix
 bool LauncherRendezvous::wait_all(const std::string& what, const std::vector<std::string>& keys,
                                   const std::function<bool()>& interrupted) {
   Deadline deadline(connect_timeout_);
+  try {
+    return wait_all_keys(what, keys, interrupted, deadline);
+  } catch (const StoreError& e) {
+    // Node 0's store is gone: the launcher that hosted it is lost.
+    if (!store_failed(e)) throw;
+    return false;
+  }
+}
+
+bool LauncherRendezvous::wait_all_keys(const std::string& what,
+                                       const std::vector<std::string>& keys,
+                                       const std::function<bool()>& interrupted,
+                                       const Deadline& deadline) {
   while (!store_->check(keys)) {
-    if (interrupted && interrupted()) return false;
+    if ((interrupted && interrupted()) || lost()) return false;
     if (deadline.expired()) {
       std::string missing;
       for (size_t k = 0; k < keys.size(); ++k) {
@@ -95,6 +114,11 @@ bool LauncherRendezvous::join(const std::function<bool()>& interrupted) {
               std::to_string(options_.nproc_per_node) + " " + net::hostname());
   auto keys = node_keys("node/");
   if (!wait_all("waiting for the launchers of all nodes", keys, interrupted)) return false;
+  // Past the joining, a store that does not answer within the heartbeat timeout is a
+  // lost node 0; the long waits are sliced and do not depend on this.
+  const auto bounded = std::min(connect_timeout_, liveness_->timeout());
+  store_->base()->set_timeout(bounded);  // the calls that do not wait on keys use this one
+  store_->set_timeout(bounded);
   hosts_.clear();
   for (size_t k = 0; k < keys.size(); ++k) {
     std::string value = store_->get_string(keys[k]);
@@ -110,15 +134,22 @@ bool LauncherRendezvous::join(const std::function<bool()>& interrupted) {
           "; every node must start the same number of workers");
     }
   }
+  liveness_->watch(hosts_);
   return true;
 }
 
 bool LauncherRendezvous::ready(int round, const std::function<bool()>& interrupted) {
-  if (options_.node_rank == 0) {
-    store_->set(worker_port_key(round), std::to_string(pick_worker_port(options_.master_addr)));
-  }
+  if (lost()) return false;
   std::string prefix = "round/" + std::to_string(round) + "/ready/";
-  store_->set(prefix + std::to_string(options_.node_rank), "1");
+  try {
+    if (options_.node_rank == 0) {
+      store_->set(worker_port_key(round), std::to_string(pick_worker_port(options_.master_addr)));
+    }
+    store_->set(prefix + std::to_string(options_.node_rank), "1");
+  } catch (const StoreError& e) {
+    if (!store_failed(e)) throw;
+    return false;
+  }
   return wait_all("starting attempt " + std::to_string(round), node_keys(prefix), interrupted);
 }
 
@@ -154,20 +185,37 @@ bool LauncherRendezvous::all_done(int round) {
 }
 
 void LauncherRendezvous::leave(std::chrono::milliseconds linger) {
+  if (liveness_->store_lost()) return liveness_->stop();  // nothing left to tell
   try {
     store_->set("left/" + std::to_string(options_.node_rank), "1");
+    // Only now: our alive key must outlast our left key, or node 0 would count us lost.
+    liveness_->stop();
     if (options_.node_rank != 0) return;
+    // A node that left, whose connection closed (it died), or that was found lost (a
+    // stopped launcher keeps its connection) reads nothing any more.
+    constexpr std::chrono::milliseconds kLeaveSlice{20};
     Deadline deadline(linger);
     auto keys = node_keys("left/");
-    while (!deadline.expired() && !store_->check(keys)) {
+    const int lost_node = liveness_->lost_node();
+    auto gone = [&] {
+      if (store_->check(keys)) return true;
+      for (int k = 1; k < options_.nnodes; ++k) {
+        if (k != lost_node && !store_->check({"left/" + std::to_string(k)}) &&
+            store_->check({"alive/" + std::to_string(k)}))
+          return false;
+      }
+      return true;
+    };
+    while (!deadline.expired() && !gone()) {
       try {
-        store_->wait(keys, std::min(kSlice, deadline.remaining()));
+        store_->wait(keys, std::min(kLeaveSlice, deadline.remaining()));
       } catch (const TimeoutError&) {
       }
     }
   } catch (const Error&) {
     // Leaving is best effort: the job's result is already decided.
   }
+  liveness_->stop();
 }
 
 }  // namespace chorus::run

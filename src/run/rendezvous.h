@@ -10,11 +10,14 @@
 //   round/<r>/failure           the first failure of attempt r (first writer wins), JSON
 //   round/<r>/done/<k>          every worker of node k exited 0 in attempt r
 //   left/<k>                    node k's launcher is about to exit (node 0 waits for
-//                               these before taking the store down)
+//                               these, or their connections' end, before taking the
+//                               store down)
+//   alive/<k>, beat/<k>, lost   the launchers keep each other alive (liveness.h)
 //
 // Every wait is sliced so that the caller's `interrupted` callback is asked at least
-// every 100 ms (signals), and each has a deadline. Errors: TimeoutError naming the
-// nodes that never came; StoreError when node 0's store is gone.
+// every 100 ms (signals), and each has a deadline; a lost launcher (lost()) ends it too.
+// Errors: TimeoutError naming the nodes that never came; StoreError when node 0's store
+// is gone before every node joined.
 #pragma once
 
 #include <chrono>
@@ -25,6 +28,8 @@
 #include <vector>
 
 #include "chorus/store.h"
+#include "comm/common/deadline.h"
+#include "run/liveness.h"
 #include "run/options.h"
 
 namespace chorus::run {
@@ -37,13 +42,24 @@ class LauncherRendezvous {
   ~LauncherRendezvous();
 
   // Registers this node and waits until all nodes have. `interrupted` returning true
-  // stops the wait (returns false).
+  // stops the wait (returns false). Then the launchers watch each other (liveness.h).
+  // From here on, store calls are bounded by the heartbeat timeout.
   bool join(const std::function<bool()>& interrupted);
   const std::vector<std::string>& node_hosts() const { return hosts_; }
 
-  // Barrier before attempt `round`. Node 0 first picks the attempt's worker port — a
-  // port free on master_addr, and on the wildcard address where a PyTorch TCPStore
-  // binds, at that moment (bound as port 0, then closed) — and publishes it.
+  // A launcher found lost (launcher_lost_report's JSON text), if any. Never waits.
+  std::optional<std::string> lost() const { return liveness_->lost(); }
+  // lost(), after a full round of liveness checks that started after this call.
+  std::optional<std::string> settle_lost() { return liveness_->settle(); }
+  // Converts a store call's failure on this node into node 0's loss (not on node 0).
+  std::optional<std::string> store_failed(const std::exception& e) {
+    return liveness_->store_failed(e);
+  }
+
+  // Barrier before attempt `round`; false when interrupted or a launcher was lost.
+  // Node 0 first picks the attempt's worker port — a port free on master_addr, and on
+  // the wildcard address where a PyTorch TCPStore binds, at that moment (bound as port
+  // 0, then closed) — and publishes it.
   bool ready(int round, const std::function<bool()>& interrupted);
   // The MASTER_PORT of attempt `round`'s workers; call after ready(round) returned true.
   uint16_t worker_port(int round);
@@ -57,19 +73,23 @@ class LauncherRendezvous {
   void report_done(int round);
   bool all_done(int round);
 
-  // Says this node is leaving; on node 0 also waits (up to `linger`) for the others, so
-  // that they can still read the store.
+  // Says this node is leaving; on node 0 also waits (up to `linger`) until every other
+  // node has left or its connection has closed, so that they can still read the store.
+  // Touches no store that is lost.
   void leave(std::chrono::milliseconds linger);
 
  private:
   bool wait_all(const std::string& what, const std::vector<std::string>& keys,
                 const std::function<bool()>& interrupted);
+  bool wait_all_keys(const std::string& what, const std::vector<std::string>& keys,
+                     const std::function<bool()>& interrupted, const Deadline& deadline);
   std::vector<std::string> node_keys(const std::string& prefix) const;
 
   const LaunchOptions& options_;
   std::chrono::milliseconds connect_timeout_;
   std::unique_ptr<TcpStoreServer> server_;
-  std::shared_ptr<Store> store_;
+  std::shared_ptr<PrefixStore> store_;
+  std::unique_ptr<Liveness> liveness_;
   std::vector<std::string> hosts_;
 };
 

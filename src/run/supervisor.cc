@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -56,21 +55,12 @@ class Signals {
   int fd_ = -1;
 };
 
-std::string format_time(std::chrono::system_clock::time_point t) {
-  std::time_t tt = std::chrono::system_clock::to_time_t(t);
-  std::tm tm;
-  localtime_r(&tt, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
-}
-
 json worker_failure(const WorkerExit& e, int node) {
   return json{{"kind", "worker"},        {"rank", e.rank},
               {"node", node},            {"local_rank", e.local_rank},
               {"pid", e.pid},            {"host", net::hostname()},
               {"how", e.describe()},     {"status", e.status_code()},
-              {"time", format_time(e.when)}, {"last_lines", e.last_lines}};
+              {"time", local_time_text(e.when)}, {"last_lines", e.last_lines}};
 }
 
 json launcher_stop(int node, int signal) {
@@ -79,7 +69,7 @@ json launcher_stop(int node, int signal) {
               {"host", net::hostname()},
               {"how", signal_name(signal)},
               {"status", 128 + signal},
-              {"time", format_time(std::chrono::system_clock::now())}};
+              {"time", local_time_text(std::chrono::system_clock::now())}};
 }
 
 void print_summary(const json& f) {
@@ -97,6 +87,10 @@ void print_summary(const json& f) {
       out << "chorusrun: last output of rank " << f["rank"].get<int>() << ":\n";
       for (const auto& l : lines) out << "  | " << l.get<std::string>() << "\n";
     }
+  } else if (f["kind"] == "launcher") {
+    out << "chorusrun: job failed: the launcher of node " << f["node"].get<int>() << " (host "
+        << f["host"].get<std::string>() << ") was lost at " << f["time"].get<std::string>()
+        << ": " << f["how"].get<std::string>() << "\n";
   } else {
     out << "chorusrun: job stopped: the launcher of node " << f["node"].get<int>() << " (host "
         << f["host"].get<std::string>() << ") received " << f["how"].get<std::string>()
@@ -172,7 +166,7 @@ class Attempt {
   std::optional<json> run(const std::vector<WorkerSpec>& specs);
 
  private:
-  void handle_signal(int sig);
+  bool step(bool& done_reported, std::optional<json>& outcome);
   std::optional<json> stop_for(const std::string& failure_text);
 
   const LaunchOptions& o_;
@@ -191,38 +185,71 @@ std::optional<json> Attempt::stop_for(const std::string& failure_text) {
 std::optional<json> Attempt::run(const std::vector<WorkerSpec>& specs) {
   group_.start(specs);
   bool done_reported = false;
+  std::optional<json> outcome;
   while (true) {
-    std::vector<WorkerExit> exits = group_.poll(o_.monitor_interval, signals_.fd());
-    for (const WorkerExit& e : exits) {
-      if (!e.failed()) continue;
-      std::string stands = rdzv_.report_failure(round_, worker_failure(e, o_.node_rank).dump());
-      return stop_for(stands);
-    }
-    if (int sig = signals_.take()) {
-      std::string stands = rdzv_.report_failure(round_, launcher_stop(o_.node_rank, sig).dump());
-      // Forward the signal; a second SIGINT (or any signal after it) kills at once.
-      group_.signal_all(sig);
-      if (++interrupts_ > 1 || sig != SIGINT) {
-        group_.terminate(sig == SIGINT ? milliseconds(0) : o_.grace_period);
-      } else {
-        Deadline deadline(o_.grace_period);
-        while (group_.running() > 0 && !deadline.expired()) {
-          group_.poll(std::min(o_.monitor_interval, deadline.remaining()), signals_.fd());
-          if (signals_.take() != 0) break;  // second signal: no more grace
-        }
-        group_.terminate(milliseconds(0));
+    try {
+      if (step(done_reported, outcome)) return outcome;
+    } catch (const Error& e) {
+      // Node 0's store closed or did not answer (StoreError, TimeoutError): its
+      // launcher is lost. On node 0 itself such an error is the launcher's own.
+      std::optional<std::string> lost;
+      if (dynamic_cast<const StoreError*>(&e) != nullptr ||
+          dynamic_cast<const TimeoutError*>(&e) != nullptr) {
+        lost = rdzv_.store_failed(e);
       }
-      return json::parse(stands);
-    }
-    if (auto remote = rdzv_.failure(round_)) return stop_for(*remote);
-    if (group_.running() == 0) {
-      if (!done_reported) {
-        rdzv_.report_done(round_);
-        done_reported = true;
-      }
-      if (rdzv_.all_done(round_)) return std::nullopt;
+      if (!lost) throw;
+      return stop_for(*lost);
     }
   }
+}
+
+// One turn of the watch. True when the attempt is over: `outcome` is then the failure
+// that stands, or null when every node succeeded.
+bool Attempt::step(bool& done_reported, std::optional<json>& outcome) {
+  std::vector<WorkerExit> exits = group_.poll(o_.monitor_interval, signals_.fd());
+  for (const WorkerExit& e : exits) {
+    if (!e.failed()) continue;
+    // A worker that failed because another node's launcher died (its peers went with
+    // it) is not the cause: the launchers' checks get a turn to say so first.
+    if (auto lost = rdzv_.settle_lost()) {
+      outcome = stop_for(*lost);
+    } else {
+      outcome = stop_for(rdzv_.report_failure(round_, worker_failure(e, o_.node_rank).dump()));
+    }
+    return true;
+  }
+  if (int sig = signals_.take()) {
+    std::string mine = launcher_stop(o_.node_rank, sig).dump();
+    std::string stands = rdzv_.lost() ? mine : rdzv_.report_failure(round_, mine);
+    // Forward the signal; a second SIGINT (or any signal after it) kills at once.
+    group_.signal_all(sig);
+    if (++interrupts_ > 1 || sig != SIGINT) {
+      group_.terminate(sig == SIGINT ? milliseconds(0) : o_.grace_period);
+    } else {
+      Deadline deadline(o_.grace_period);
+      while (group_.running() > 0 && !deadline.expired()) {
+        group_.poll(std::min(o_.monitor_interval, deadline.remaining()), signals_.fd());
+        if (signals_.take() != 0) break;  // second signal: no more grace
+      }
+      group_.terminate(milliseconds(0));
+    }
+    outcome = json::parse(stands);
+    return true;
+  }
+  std::optional<std::string> failure = rdzv_.lost();
+  if (!failure) failure = rdzv_.failure(round_);
+  if (failure) {
+    outcome = stop_for(*failure);
+    return true;
+  }
+  if (group_.running() == 0) {
+    if (!done_reported) {
+      rdzv_.report_done(round_);
+      done_reported = true;
+    }
+    if (rdzv_.all_done(round_)) return true;  // outcome stays null: success
+  }
+  return false;
 }
 
 }  // namespace
@@ -272,10 +299,19 @@ int run_job(const LaunchOptions& options_in) {
     }
     choose_job_token(o);
     LauncherRendezvous rdzv(o, settings::connect_timeout());
-    if (!rdzv.join(interrupted)) return 128 + stop_signal;
+    // After a failure, how long node 0 keeps the store up for nodes still stopping
+    // their workers (they read the failure, then take up to a grace period).
+    const milliseconds linger = std::max<milliseconds>(std::chrono::seconds(10),
+                                                       o.grace_period + std::chrono::seconds(5));
+    auto lost_launcher = [&] {
+      print_summary(json::parse(*rdzv.lost()));
+      rdzv.leave(linger);
+      return 1;
+    };
+    if (!rdzv.join(interrupted)) return rdzv.lost() ? lost_launcher() : 128 + stop_signal;
     const Environment base = current_environment();
     for (int round = 0;; ++round) {
-      if (!rdzv.ready(round, interrupted)) return 128 + stop_signal;
+      if (!rdzv.ready(round, interrupted)) return rdzv.lost() ? lost_launcher() : 128 + stop_signal;
       const uint16_t worker_port = rdzv.worker_port(round);
       std::vector<WorkerSpec> specs;
       const std::vector<int> allowed = allowed_cpus();
@@ -290,6 +326,8 @@ int run_job(const LaunchOptions& options_in) {
       }
       Attempt attempt(o, rdzv, signals, round);
       std::optional<json> failure = attempt.run(specs);
+      // A launcher lost meanwhile is the cause of the workers' failures, wherever read.
+      if (failure && (*failure)["kind"] == "worker" && rdzv.lost()) failure = json::parse(*rdzv.lost());
       if (!failure) {
         rdzv.leave(settings::connect_timeout());
         return 0;
@@ -303,7 +341,7 @@ int run_job(const LaunchOptions& options_in) {
         continue;
       }
       print_summary(*failure);
-      rdzv.leave(std::chrono::seconds(10));
+      rdzv.leave(linger);
       return (*failure)["status"].get<int>();
     }
   } catch (const std::exception& e) {

@@ -29,10 +29,11 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using test::all_gone;
 using test::Subprocess;
 
-const std::string kWorker = std::string(CHORUS_BIN_DIR) + "/chorus_test_worker";
-const std::string kScripted = std::string(CHORUS_BIN_DIR) + "/workers_test_helper";
+const std::string kWorker = test::test_worker_path();
+const std::string kScripted = test::scripted_worker_path();
 
 using chorus::test::contains;
 
@@ -67,34 +68,6 @@ std::vector<pid_t> worker_pids(const std::string& output) {
   std::vector<pid_t> pids;
   for (auto [rank, pid] : pids_by_rank(output)) pids.push_back(pid);
   return pids;
-}
-
-// A zombie counts as gone: it runs nothing, and whether init reaps orphans promptly
-// differs between machines.
-bool alive(pid_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), {});
-  size_t close = text.rfind(')');
-  return close == std::string::npos || close + 2 >= text.size() || text[close + 2] != 'Z';
-}
-
-// Waits until every pid is gone (true) or the deadline passes (false).
-bool all_gone(const std::vector<pid_t>& pids, std::chrono::milliseconds within) {
-  auto deadline = Clock::now() + within;
-  while (Clock::now() < deadline) {
-    bool any = false;
-    for (pid_t p : pids) any |= alive(p);
-    if (!any) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
-
-size_t count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
 }
 
 // Runs chorusrun with `args`, its stdin, stdout and stderr on a pseudo-terminal, for up
@@ -179,7 +152,7 @@ TEST(Chorusrun, AnEmptyJobTokenCountsAsUnset) {
                           {{"CHORUS_JOB_TOKEN", ""}});
   ASSERT_TRUE(with_id->wait_for(120s)) << with_id->output_text();
   EXPECT_EQ(with_id->exit_code(), 0) << with_id->output_text();
-  EXPECT_EQ(count(with_id->stdout_text(), "ok"), 2u) << with_id->output_text();
+  EXPECT_EQ(test::occurrences(with_id->stdout_text(), "ok"), 2u) << with_id->output_text();
 }
 
 TEST(Chorusrun, OneNodeTwoWorkers) {
@@ -197,7 +170,7 @@ TEST(Chorusrun, StandalonePicksAFreePort) {
   auto run = launcher({"--standalone", "--nproc_per_node=3", kWorker, "allreduce-loop", "3", "77"});
   ASSERT_TRUE(run->wait_for(120s)) << run->output_text();
   EXPECT_EQ(run->exit_code(), 0) << run->output_text();
-  EXPECT_EQ(count(run->stdout_text(), "ok"), 3u) << run->output_text();
+  EXPECT_EQ(test::occurrences(run->stdout_text(), "ok"), 3u) << run->output_text();
 }
 
 // More workers than CPUs: by default each is bound to one CPU, in turn; --cpu-bind none
@@ -245,7 +218,7 @@ TEST(Chorusrun, TwoNodesTwoWorkersEach) {
   ASSERT_TRUE(n1->wait_for(120s)) << n1->output_text();
   EXPECT_EQ(n0->exit_code(), 0) << n0->output_text();
   EXPECT_EQ(n1->exit_code(), 0) << n1->output_text();
-  EXPECT_EQ(count(n0->stdout_text() + n1->stdout_text(), "ok"), 4u);
+  EXPECT_EQ(test::occurrences(n0->stdout_text() + n1->stdout_text(), "ok"), 4u);
   // Ranks 0,1 on node 0 (127.0.0.2) and 2,3 on node 1.
   EXPECT_TRUE(contains(n0->stderr_text(), "rank 0 of 4 connected"));
   EXPECT_TRUE(contains(n1->stderr_text(), "rank 3 of 4 connected"));
@@ -367,12 +340,12 @@ TEST(Chorusrun, RestartAfterAFailureKeepsRanks) {
   for (int r = 0; r < 4; ++r) {
     std::string prefix = "rank " + std::to_string(r) + " of 4 connected (pid ";
     const std::string& mine = r < 2 ? n0->stderr_text() : n1->stderr_text();
-    EXPECT_EQ(count(mine, prefix), 2u) << all;
+    EXPECT_EQ(test::occurrences(mine, prefix), 2u) << all;
   }
   EXPECT_TRUE(contains(all, "restart count 0")) << all;
   EXPECT_TRUE(contains(all, "restart count 1")) << all;
   EXPECT_FALSE(contains(all, "restart count 2")) << all;
-  EXPECT_EQ(count(n0->stdout_text() + n1->stdout_text(), "ok"), 4u) << all;
+  EXPECT_EQ(test::occurrences(n0->stdout_text() + n1->stdout_text(), "ok"), 4u) << all;
   EXPECT_TRUE(contains(all, "restarting all nodes (1 of 2 restarts)")) << all;
 }
 

@@ -30,12 +30,6 @@ const std::string kScript = kHelpers + "/torch_allreduce.py";
 
 using chorus::test::contains;
 
-size_t count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
-}
-
 // Why torch cases cannot run here, or empty when they can.
 const std::string& torch_missing() {
   static const std::string why = [] {
@@ -78,7 +72,7 @@ TEST(TorchPrograms, InterpreterAndScriptOnOneNode) {
   std::string out = run->stdout_text();
   EXPECT_TRUE(contains(out, "torch rank 0 of 2 ok: local rank 0")) << run->output_text();
   EXPECT_TRUE(contains(out, "torch rank 1 of 2 ok: local rank 1")) << run->output_text();
-  EXPECT_EQ(count(out, "store port " + std::to_string(port) + ","), 2u) << out;
+  EXPECT_EQ(test::occurrences(out, "store port " + std::to_string(port) + ","), 2u) << out;
   // Both ranks were given one MASTER_PORT, not the store's.
   std::set<std::string> ports = worker_ports(out);
   EXPECT_EQ(ports.size(), 1u) << out;
@@ -91,7 +85,7 @@ TEST(TorchPrograms, StandaloneScriptRunsWithThePythonInterpreter) {
   auto run = test::start_chorusrun(
       {"--standalone", "--nproc-per-node", "2", kScript, "--expect-world-size", "2"});
   expect_success(*run);
-  EXPECT_EQ(count(run->stdout_text(), "python " + kPython + ", run as script"), 2u)
+  EXPECT_EQ(test::occurrences(run->stdout_text(), "python " + kPython + ", run as script"), 2u)
       << run->output_text();
 }
 
@@ -126,7 +120,7 @@ TEST(TorchPrograms, ModuleRunsAsPythonDashM) {
        "2"},
       {{"PYTHONPATH", kHelpers}});
   expect_success(*run);
-  EXPECT_EQ(count(run->stdout_text(), "run as module torch_allreduce"), 2u) << run->output_text();
+  EXPECT_EQ(test::occurrences(run->stdout_text(), "run as module torch_allreduce"), 2u) << run->output_text();
 }
 
 TEST(TorchPrograms, LocalRankArgumentAsTorchDistributedLaunchPassesIt) {
@@ -135,7 +129,7 @@ TEST(TorchPrograms, LocalRankArgumentAsTorchDistributedLaunchPassesIt) {
                                     kScript, "--expect-world-size", "2",
                                     "--expect-local-rank-arg"});
   expect_success(*run);
-  EXPECT_EQ(count(run->stdout_text(), "torch rank"), 2u) << run->output_text();
+  EXPECT_EQ(test::occurrences(run->stdout_text(), "torch rank"), 2u) << run->output_text();
 }
 
 // Two jobs on one node, each with its own exported MASTER_PORT: each launcher's store
@@ -152,7 +146,7 @@ TEST(TorchPrograms, ExportedMasterPortKeepsTwoJobsApart) {
   for (size_t j = 0; j < jobs.size(); ++j) {
     expect_success(*jobs[j]);
     uint16_t port = j == 0 ? first : second;
-    EXPECT_EQ(count(jobs[j]->stdout_text(), "store port " + std::to_string(port) + ","), 2u)
+    EXPECT_EQ(test::occurrences(jobs[j]->stdout_text(), "store port " + std::to_string(port) + ","), 2u)
         << jobs[j]->output_text();
   }
 }
@@ -165,7 +159,7 @@ TEST(TorchPrograms, PetVariablesConfigureTheJob) {
       {kScript, "--expect-world-size", "2"},
       {{"PET_NPROC_PER_NODE", "2"}, {"PET_NNODES", "1:1"}, {"PET_MASTER_PORT", std::to_string(port)}});
   expect_success(*run);
-  EXPECT_EQ(count(run->stdout_text(), "store port " + std::to_string(port) + ","), 2u)
+  EXPECT_EQ(test::occurrences(run->stdout_text(), "store port " + std::to_string(port) + ","), 2u)
       << run->output_text();
 }
 

@@ -19,6 +19,13 @@ inline bool contains(std::string_view text, std::string_view part) {
   return text.find(part) != std::string_view::npos;
 }
 
+// How often `part` occurs in `text` (overlapping occurrences count).
+inline size_t occurrences(std::string_view text, std::string_view part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string_view::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
 // Runs `fn` and returns the message of the `E` it throws; fails the test otherwise.
 template <typename E, typename Fn>
 std::string error_of(Fn&& fn) {

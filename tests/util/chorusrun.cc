@@ -1,8 +1,17 @@
 #include "util/chorusrun.h"
 
+#include <signal.h>
+
+#include <cerrno>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
 namespace chorus::test {
 
 std::string chorusrun_path() { return std::string(CHORUS_BIN_DIR) + "/chorusrun"; }
+std::string test_worker_path() { return std::string(CHORUS_BIN_DIR) + "/chorus_test_worker"; }
+std::string scripted_worker_path() { return std::string(CHORUS_BIN_DIR) + "/workers_test_helper"; }
 
 const std::vector<std::string>& launcher_unset_env() {
   static const std::vector<std::string> names = {
@@ -32,6 +41,25 @@ std::vector<std::string> simulated_node_options(int node, uint16_t port, int npr
           std::to_string(nproc), "--master-addr", "127.0.0.2", "--master-port",
           std::to_string(port), "--local-addr", node == 0 ? "127.0.0.2" : "127.0.0.3",
           "--rdzv-id", "job-" + std::to_string(port)};
+}
+
+bool process_alive(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  size_t close = text.rfind(')');
+  return close == std::string::npos || close + 2 >= text.size() || text[close + 2] != 'Z';
+}
+
+bool all_gone(const std::vector<pid_t>& pids, std::chrono::milliseconds within) {
+  auto deadline = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool any = false;
+    for (pid_t p : pids) any |= process_alive(p);
+    if (!any) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 }  // namespace chorus::test

@@ -85,7 +85,7 @@ DebugMode debug_mode();
 bool debug_detail();  // debug_mode() == kDetail
 // CHORUS_TRACE_BUFFER_SIZE: operations each communicator's flight recorder keeps
 // (default 256, 0 turns it off). CHORUS_TRACE_DIR: where it writes them on a timeout or
-// abort (empty: stderr).
+// abort (empty: the flight recorder's default directory, flight_recorder.h).
 int64_t trace_buffer_size();
 std::string trace_dir();
 // CHORUS_LOG_LEVEL: error | warn | info | debug; default warn, or info when CHORUS_DEBUG

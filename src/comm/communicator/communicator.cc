@@ -198,7 +198,9 @@ void CommunicatorImpl::write_trace(const std::string& why) {
   if (!recorder_.enabled() || trace_written_.exchange(true)) return;
   std::string where_to =
       recorder_.dump(options_.trace_dir, rank_, size_, hosts_[rank_], options_.comm_id, why);
-  CHORUS_LOG(kWarn, "flight recorder of rank " + std::to_string(rank_) + " written to " + where_to);
+  // One line on the console; the operations are in the file (chorus-trace merges them).
+  CHORUS_LOG(kWarn, "flight recorder of rank " + std::to_string(rank_) + ": " +
+                        recorder_.summary() + "; full trace in " + where_to);
 }
 
 void CommunicatorImpl::fail_aborted(Op& op) {

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -56,6 +58,12 @@ std::string safe_file_part(const std::string& s) {
 }
 
 }  // namespace
+
+std::string default_trace_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  return base + "/chorus-traces-" + std::to_string(getuid());
+}
 
 size_t FlightRecorder::queued(uint64_t seq, Collective what, DataType dtype, uint64_t count,
                               int root, Clock::time_point when) {
@@ -125,14 +133,24 @@ std::string FlightRecorder::json(int rank, int size, const std::string& host,
   return o.str();
 }
 
-std::string FlightRecorder::dump(const std::string& dir, int rank, int size,
+std::string FlightRecorder::summary() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t kept = std::min<uint64_t>(next_id_, entries_.size());
+  std::ostringstream o;
+  o << kept << (kept == 1 ? " operation" : " operations");
+  if (kept > 0) {
+    const Entry& last = entries_[(next_id_ - 1) % entries_.size()];
+    o << ", the last " << collective_name(last.what) << " #" << last.seq << " ("
+      << state_name(last.state) << ")";
+  }
+  return o.str();
+}
+
+std::string FlightRecorder::dump(const std::string& dir_in, int rank, int size,
                                  const std::string& host, const std::string& comm_id,
                                  const std::string& why) const {
   std::string text = json(rank, size, host, comm_id, why);
-  if (dir.empty()) {
-    std::fprintf(stderr, "[chorus flight recorder, rank %d]\n%s", rank, text.c_str());
-    return "stderr";
-  }
+  const std::string dir = dir_in.empty() ? default_trace_dir() : dir_in;
   try {
     std::filesystem::create_directories(dir);
     std::string path = dir + "/chorus_trace_" + safe_file_part(comm_id) + "_rank" +

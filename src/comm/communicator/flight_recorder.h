@@ -2,9 +2,11 @@
 // collective, dtype, count, root (send/recv: the peer), state, enqueue/start/end times,
 // and the error of a failed one) and writes them out when an operation times out or the
 // communicator is aborted: to CHORUS_TRACE_DIR/chorus_trace_<comm>_rank<R>.json, or to
-// stderr when that is unset. apps/chorus-trace merges the ranks' files and says which
-// rank is behind and where, and which peers a timed-out operation was still waiting for.
-// CHORUS_TRACE_BUFFER_SIZE sets N (0 turns it off).
+// default_trace_dir() when that is unset. The console gets one line per rank (summary()
+// and the file's path, communicator.cc): a job of a few ranks that lost a node used to
+// print hundreds of lines of JSON there. apps/chorus-trace merges the ranks' files and
+// says which rank is behind and where, and which peers a timed-out operation was still
+// waiting for. CHORUS_TRACE_BUFFER_SIZE sets N (0 turns it off).
 #pragma once
 
 #include <chrono>
@@ -16,6 +18,10 @@
 #include "chorus/types.h"
 
 namespace chorus::internal {
+
+// Where traces go when CHORUS_TRACE_DIR is unset: $TMPDIR (else /tmp) followed by
+// /chorus-traces-<uid> (one per user: another user's directory is not writable).
+std::string default_trace_dir();
 
 class FlightRecorder {
  public:
@@ -40,8 +46,11 @@ class FlightRecorder {
   // The records, oldest first, as one JSON object with this rank's identity and `why`.
   std::string json(int rank, int size, const std::string& host, const std::string& comm_id,
                    const std::string& why) const;
+  // "12 operations, the last allreduce #57 (failed)": for the console.
+  std::string summary() const;
   // Writes json() to `dir`/chorus_trace_<comm>_rank<R>.json (through a temporary file
-  // and a rename), or to stderr when `dir` is empty. Returns where it went; never throws.
+  // and a rename), `dir` being default_trace_dir() when empty; to stderr when the file
+  // cannot be written. Returns where it went; never throws.
   std::string dump(const std::string& dir, int rank, int size, const std::string& host,
                    const std::string& comm_id, const std::string& why) const;
 

@@ -106,16 +106,16 @@ void WaiterTable::unindex(const std::string& key, uint64_t id) {
 std::optional<Reply> ServerState::apply(uint64_t client, Request& request, uint64_t* waiter) {
   switch (request.op) {
     case Op::kSet:
-      put(request.key, std::move(request.value));
+      put(client, request.key, std::move(request.value));
       return ok_reply();
     case Op::kGet:
       if (const Bytes* value = find(request.key)) return value_reply(*value);
       *waiter = park(client, request);
       return std::nullopt;
     case Op::kAdd:
-      return add(request);
+      return add(client, request);
     case Op::kCompareSet:
-      return compare_set(request);
+      return compare_set(client, request);
     case Op::kCheck:
       return bool_reply(count_missing(request.keys) == 0);
     case Op::kWait:
@@ -142,6 +142,14 @@ void ServerState::expire(Clock::time_point now) {
 
 void ServerState::cancel(uint64_t waiter) { waiters_.remove(waiter); }
 
+void ServerState::client_closed(uint64_t client) {
+  auto it = scoped_keys_.find(client);
+  if (it == scoped_keys_.end()) return;
+  std::set<std::string> keys = std::move(it->second);
+  scoped_keys_.erase(it);
+  for (const std::string& key : keys) erase(key);
+}
+
 const Bytes* ServerState::find(const std::string& key) const {
   auto it = data_.find(key);
   return it == data_.end() ? nullptr : &it->second;
@@ -152,7 +160,7 @@ size_t ServerState::count_missing(const std::vector<std::string>& keys) const {
       std::count_if(keys.begin(), keys.end(), [&](const std::string& k) { return !find(k); }));
 }
 
-Reply ServerState::add(const Request& request) {
+Reply ServerState::add(uint64_t client, const Request& request) {
   int64_t sum = 0;
   try {
     sum = store_rules::add_to_counter(request.key, find(request.key), request.delta);
@@ -162,17 +170,17 @@ Reply ServerState::add(const Request& request) {
     reply.message = e.what();
     return reply;
   }
-  put(request.key, store_rules::counter_text(sum));
+  put(client, request.key, store_rules::counter_text(sum));
   return integer_reply(sum);
 }
 
-Reply ServerState::compare_set(Request& request) {
+Reply ServerState::compare_set(uint64_t client, Request& request) {
   const Bytes* current = find(request.key);
   if (!store_rules::compare_matches(current, request.expected)) {
     return value_reply(current ? *current : Bytes());
   }
   Reply reply = value_reply(request.value);
-  put(request.key, std::move(request.value));
+  put(client, request.key, std::move(request.value));
   return reply;
 }
 
@@ -190,7 +198,15 @@ uint64_t ServerState::park(uint64_t client, Request& request) {
   return waiters_.park(std::move(waiter));
 }
 
-void ServerState::put(const std::string& key, Bytes value) {
+void ServerState::put(uint64_t client, const std::string& key, Bytes value) {
+  if (!scoped_prefix_.empty() && key.starts_with(scoped_prefix_)) {
+    auto [owner, fresh] = scoped_owner_.try_emplace(key, client);
+    if (!fresh && owner->second != client) {
+      scoped_keys_[owner->second].erase(key);
+      owner->second = client;
+    }
+    scoped_keys_[client].insert(key);
+  }
   bool created = data_.insert_or_assign(key, std::move(value)).second;
   if (!created) return;
   for (uint64_t waiter_id : waiters_.key_created(key)) finish(waiter_id, false);
@@ -198,6 +214,11 @@ void ServerState::put(const std::string& key, Bytes value) {
 
 bool ServerState::erase(const std::string& key) {
   if (data_.erase(key) == 0) return false;
+  if (auto owner = scoped_owner_.find(key); owner != scoped_owner_.end()) {
+    auto keys = scoped_keys_.find(owner->second);
+    if (keys != scoped_keys_.end()) keys->second.erase(key);
+    scoped_owner_.erase(owner);
+  }
   waiters_.key_deleted(key);
   return true;
 }

@@ -69,6 +69,11 @@ struct Answer {
 
 class ServerState {
  public:
+  // Keys starting with `connection_scoped_prefix` (none when empty) belong to the
+  // client that last wrote them and are deleted by client_closed() (TcpStoreServerOptions).
+  explicit ServerState(std::string connection_scoped_prefix = {})
+      : scoped_prefix_(std::move(connection_scoped_prefix)) {}
+
   // Carries out `request` of `client` (a decoded request, within the wire's limits).
   // Returns its reply; or parks it and returns nullopt, with `*waiter` set to the id
   // that cancel() takes.
@@ -81,21 +86,27 @@ class ServerState {
   void expire(Clock::time_point now);
   // Forgets a parked request (its client went away); no answer is given.
   void cancel(uint64_t waiter);
+  // `client`'s connection closed: deletes the connection-scoped keys it wrote last.
+  void client_closed(uint64_t client);
   // Milliseconds until the earliest deadline of a parked request, -1 when none.
   int next_timeout_ms(Clock::time_point now) const { return waiters_.next_timeout_ms(now); }
 
  private:
   const Bytes* find(const std::string& key) const;
   size_t count_missing(const std::vector<std::string>& keys) const;
-  store_wire::Reply add(const store_wire::Request& request);
-  store_wire::Reply compare_set(store_wire::Request& request);
+  store_wire::Reply add(uint64_t client, const store_wire::Request& request);
+  store_wire::Reply compare_set(uint64_t client, store_wire::Request& request);
   uint64_t park(uint64_t client, store_wire::Request& request);
-  void put(const std::string& key, Bytes value);
+  void put(uint64_t client, const std::string& key, Bytes value);
   bool erase(const std::string& key);
   void finish(uint64_t waiter_id, bool timed_out);
   store_wire::Reply timeout_reply(const Waiter& waiter) const;
 
   std::unordered_map<std::string, Bytes> data_;
+  std::string scoped_prefix_;
+  // Connection-scoped keys: their writer, and each writer's keys.
+  std::unordered_map<std::string, uint64_t> scoped_owner_;
+  std::unordered_map<uint64_t, std::set<std::string>> scoped_keys_;
   WaiterTable waiters_;
   std::vector<Answer> answers_;
 };

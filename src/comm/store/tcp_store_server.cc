@@ -133,7 +133,8 @@ TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t requested_port,
                            const TcpStoreServerOptions& options)
     : host(host_in),
       token(options.job_token ? *options.job_token : settings::job_token()),
-      auth_timeout(std::max(options.auth_timeout, std::chrono::milliseconds(1))) {
+      auth_timeout(std::max(options.auth_timeout, std::chrono::milliseconds(1))),
+      state_(options.connection_scoped_prefix) {
   // Before the port is bound: a bad allow-list fails the start, not each connection.
   if (!options.allowlist_file) {
     allowlist = net::AllowList::from_env();
@@ -496,6 +497,7 @@ void TcpStoreServer::Impl::drop(Client& client, const std::string& reason, bool 
                                           << " " << reason);
   }
   if (client.waiter != 0) state_.cancel(client.waiter);
+  state_.client_closed(client.id);
   if (!client.authenticated) auth_deadlines_.erase({client.auth_deadline, client.id});
   ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, client.fd.get(), nullptr);
   uint64_t id = client.id;  // a copy: erasing destroys `client`

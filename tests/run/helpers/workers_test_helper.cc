@@ -9,6 +9,7 @@
 //                     output can still be unread when the worker exits
 //   long-line BYTES   BYTES times 'x' and a newline on stdout
 //   env-dump          every environment entry on stdout, one a line
+//   pid               "pid PID" (its process id) on stdout
 //   fds               "fds" and the numbers of its open file descriptors on stdout
 //   cpus              "cpus" and its Cpus_allowed_list (from /proc/self/status) on stdout
 //   read-stdin        reads stdin to its end; "stdin N bytes" on stdout
@@ -132,6 +133,10 @@ int run_step(int argc, char** argv, int i) {
   if (step == "env-dump") {
     for (char** entry = environ; *entry != nullptr; ++entry)
       write_all(1, std::string(*entry) + "\n");
+    return i + 1;
+  }
+  if (step == "pid") {
+    write_all(1, "pid " + std::to_string(getpid()) + "\n");
     return i + 1;
   }
   if (step == "fds") {
