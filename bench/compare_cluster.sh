@@ -16,8 +16,8 @@
 #   -L/-N   sizes above L get N timed iterations and 1 warm-up (default 4M, 5)
 #   -s      timed steps of the seed job, after 5 warm-up steps (default 40)
 #   -x      parts: allreduce, mnist or both, comma-separated (default allreduce,mnist)
-#   -k      hold this lock file exclusively (flock -x) during each program run only,
-#           e.g. /work/cpu.lock on a shared machine; each run holds it under 5 min
+#   -k      hold this lock file exclusively (flock -x) during each program's run only
+#           (all its sizes), e.g. /work/cpu.lock on a shared machine
 #   -t      deadline of each program run, seconds   (default 600)
 # Programs: chorus-bench under chorusrun (CHORUS_ALGO ring; also hier with more than
 # one rank per host), bench/torch_allreduce.py on gloo, bench/mpi_allreduce.c under
@@ -110,29 +110,36 @@ fail_run() {
 
 PORT=29600
 
+# -k's lock, held for one program's run (both bands of sizes): each hold is under 5 min
+# at 1 Gbit/s, and other users of the machine get it between programs.
+lock_take() { [[ -z $lock ]] || { exec 9>>"$lock"; flock -x 9; }; }
+lock_drop() { [[ -z $lock ]] || exec 9>&-; }
+
 # on_hosts WHAT LOG FUNC: runs "FUNC HOST" for every host at once (FUNC starts its
-# processes there with in_host), under -k's lock; when one fails the others are stopped
-# and the run fails naming WHAT.
+# processes there with in_host); when one fails the others are stopped and the run
+# fails naming WHAT.
 on_hosts() {
-  local what=$1 log=$2 func=$3 h pids=() remaining pid rc=0 done_pid
+  local what=$1 log=$2 func=$3 h pids=() remaining pid rc=0
   PORT=$((PORT + 1))
-  [[ -z $lock ]] || { exec 9>>"$lock"; flock -x 9; }
   for ((h = 0; h < HOSTS; h++)); do
     "$func" "$h" >>"$log" 2>&1 &
     pids+=($!)
   done
+  # Polled rather than `wait -n -p`, which left its variable unset here when a host's
+  # part (mpirun_on on host 1) had ended at once. Each part has its own deadline.
   while ((${#pids[@]} > 0)); do
-    wait -n -p done_pid "${pids[@]}" || rc=$?
     remaining=()
-    for pid in "${pids[@]}"; do [[ $pid == "$done_pid" ]] || remaining+=("$pid"); done
+    for pid in "${pids[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then remaining+=("$pid"); else wait "$pid" || rc=$?; fi
+    done
     pids=("${remaining[@]}")
     if ((rc != 0)); then
       ((${#pids[@]} == 0)) || kill "${pids[@]}" 2>/dev/null || true
       wait "${pids[@]}" 2>/dev/null || true
       break
     fi
+    ((${#pids[@]} == 0)) || sleep 0.1
   done
-  [[ -z $lock ]] || exec 9>&-
   ((rc == 0)) || fail_run "$what" "$rc" "$log"
 }
 
@@ -188,22 +195,26 @@ mnist_args() { echo "--max-steps $((5 + steps)) --warmup-steps 5 --threads 1 --w
 run_chorus() {
   local b
   RUN_TAG=$1 RUN_P=$2 RUN_ENV="CHORUS_ALGO=$3"
+  lock_take
   for b in "${BANDS[@]}"; do
     RUN_ARGS=$b
     on_hosts "chorus $3 ($1)" "$WORK/$1.log" bench_on
     grep -h '^{' "$WORK/$1.h0.out" >>"$WORK/$1.out" || fail_run "chorus $3 ($1): no rows" 1 "$WORK/$1.log"
   done
+  lock_drop
 }
 
 # run_gloo TAG P: bench/torch_allreduce.py on gloo, one process per rank.
 run_gloo() {
   local b
   RUN_TAG=$1 RUN_P=$2 RUN_SCRIPT=$ROOT/bench/torch_allreduce.py
+  lock_take
   for b in "${BANDS[@]}"; do
     RUN_ARGS=$b
     on_hosts "gloo ($1)" "$WORK/$1.log" python_on
     grep -hv '^#' "$WORK/$1.h0.l0.out" >>"$WORK/$1.out"
   done
+  lock_drop
 }
 
 # run_mpi TAG P: mpirun from host 0, P slots per host, daemons started by the agent.
@@ -221,22 +232,28 @@ run_mpi() {
   RUN_TAG=$1 RUN_P=$2
   : >"$WORK/hostfile"
   for ((h = 0; h < HOSTS; h++)); do echo "10.77.0.$((h + 1)) slots=$2" >>"$WORK/hostfile"; done
+  lock_take
   for b in "${BANDS[@]}"; do
     RUN_ARGS=$b
     on_hosts "mpi ($1)" "$WORK/$1.log" mpirun_on
   done
+  lock_drop
 }
 
 # The seed job: chorus-mnist under chorusrun, and bench/pytorch_ddp_mnist.py on gloo.
 run_mnist_chorus() {
   RUN_TAG=$1 RUN_P=$2 RUN_ENV=""
+  lock_take
   on_hosts "chorus seed job ($1)" "$WORK/$1.log" mnist_on
+  lock_drop
   grep -m1 -h '^{' "$WORK/$1.h0.out" >>"$WORK/$1.out" || fail_run "chorus seed job ($1): no JSON" 1 "$WORK/$1.log"
 }
 
 run_mnist_pytorch() {
   RUN_TAG=$1 RUN_P=$2 RUN_SCRIPT=$ROOT/bench/pytorch_ddp_mnist.py RUN_ARGS=$(mnist_args)
+  lock_take
   on_hosts "PyTorch seed job ($1)" "$WORK/$1.log" python_on
+  lock_drop
   grep -m1 -h '^{' "$WORK/$1.h0.l0.out" >>"$WORK/$1.out" || fail_run "PyTorch seed job ($1): no JSON" 1 "$WORK/$1.log"
 }
 
