@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sstream>
+#include <vector>
 
 #include "chorus/error.h"
 
@@ -29,6 +31,45 @@ std::string directory_of(const std::string& path) {
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
+
+// The model's tensors and a copy of their values. Module::load gives a parameter the
+// checkpoint's shape without complaint (it set_()s the tensor), so another model's
+// checkpoint would load "successfully": the snapshot tells, and puts the model back.
+class ModelSnapshot {
+ public:
+  explicit ModelSnapshot(torch::nn::Module& model) {
+    for (const auto& item : model.named_parameters()) add(item.key(), item.value());
+    for (const auto& item : model.named_buffers()) add(item.key(), item.value());
+  }
+  // The first tensor whose shape or type the load changed, as a message, or "".
+  std::string reshaped() const {
+    for (const Entry& e : entries_) {
+      if (e.live.sizes() != e.copy.sizes() || e.live.scalar_type() != e.copy.scalar_type()) {
+        return e.name + " is " + describe(e.live) + " there, " + describe(e.copy) + " here";
+      }
+    }
+    return "";
+  }
+  void restore() {
+    torch::NoGradGuard no_grad;
+    for (Entry& e : entries_) e.live.set_(e.copy);
+  }
+
+ private:
+  struct Entry {
+    std::string name;
+    torch::Tensor live, copy;
+  };
+  static std::string describe(const torch::Tensor& t) {
+    std::ostringstream out;
+    out << t.sizes() << " " << t.scalar_type();
+    return out.str();
+  }
+  void add(const std::string& name, const torch::Tensor& t) {
+    entries_.push_back({name, t, t.detach().clone()});
+  }
+  std::vector<Entry> entries_;
+};
 
 // A non-negative scalar count of the checkpoint. A field missing from an older
 // checkpoint (`required` false) reads as 0.
@@ -108,8 +149,17 @@ std::optional<TrainingState> load_checkpoint(const std::string& path, torch::nn:
     }
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);
-    model.load(model_archive);
-    optimizer.load(optimizer_archive);
+    ModelSnapshot before(model);
+    try {
+      model.load(model_archive);
+      if (std::string why = before.reshaped(); !why.empty()) {
+        throw InvalidArgumentError("'" + path + "' is not a checkpoint of this model: " + why);
+      }
+      optimizer.load(optimizer_archive);
+    } catch (...) {
+      before.restore();
+      throw;
+    }
     return state;
   } catch (const c10::Error& e) {
     throw InvalidArgumentError("'" + path + "' is not a checkpoint of this model and optimizer: " +
