@@ -283,7 +283,7 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
       }
     }
   }
-  const int64_t resume_consumed = state.consumed_by_all(world);
+  const int64_t resume_epoch = state.epoch, resume_consumed = state.consumed_by_all(world);
   state.world_size = world;
   state.global_batch = a.batch_size;
   state.sampler_seed = a.seed;
@@ -328,7 +328,7 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
     if (!bar) std::printf("curr epoch:  %lld\n", static_cast<long long>(epoch));
     // The rest of the epoch after what all ranks consumed before, at whatever world
     // size they were (the first `consumed` positions of the epoch's permutation).
-    sampler.resume(epoch, epoch == state.epoch ? resume_consumed : 0);
+    sampler.resume(epoch, epoch == resume_epoch ? resume_consumed : 0);
     state.epoch = epoch;
     state.sampler_position = sampler.position();
     state.consumed = sampler.consumed();
