@@ -167,6 +167,13 @@ TEST(ElasticMnist, RefusesAGlobalBatchThatChangesOrDoesNotDivide) {
   EXPECT_TRUE(contains(other->stderr_text(), "it was written with a global batch of 96, "
                                              "--batch-size is 64"))
       << other->output_text();
+  // Another sampler seed: the rest of the epoch would be of another permutation.
+  auto seeded = job(2, {"--data-dir", data, "--dataset", "mnist", "--batch-size", "96", "--seed",
+                        "5", "--checkpoint-dir", dir, "--resume"});
+  ASSERT_TRUE(seeded->wait_for(300s)) << seeded->output_text();
+  EXPECT_NE(seeded->exit_code(), 0);
+  EXPECT_TRUE(contains(seeded->stderr_text(), "its sampler was seeded with 0, --seed is 5"))
+      << seeded->output_text();
   // Refusing kept the checkpoint as it was.
   EXPECT_EQ(std::filesystem::last_write_time(checkpoint), written);
   std::filesystem::remove_all(dir);
