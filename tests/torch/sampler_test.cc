@@ -230,7 +230,9 @@ TEST(DistributedSamplerTest, ResumedAtOtherWorldSizesUsesEverySampleOnce) {
             // (past its end: the padding, from its start), whatever the world size.
             std::vector<int64_t> got = steps[s], want;
             for (size_t p = 12 * s; p < 12 * s + got.size(); ++p) want.push_back(order[p % n]);
-            if (s + 1 < steps.size() || drop_last) ASSERT_EQ(got.size(), 12u);
+            if (s + 1 < steps.size() || drop_last) {
+              ASSERT_EQ(got.size(), 12u);
+            }
             std::sort(got.begin(), got.end());
             std::sort(want.begin(), want.end());
             ASSERT_EQ(got, want) << "step " << s << " of n " << n << ", round " << round;
