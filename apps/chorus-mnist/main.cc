@@ -7,6 +7,7 @@
 // (see MetricsFile), which scripts/plot draws.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +53,7 @@ struct Args {
   int64_t warmup_steps = 0;  // steps left out of samples_per_second (benchmarks)
   int threads = 0;        // 0: OMP_NUM_THREADS, else 1
   std::string metrics;    // rank 0 writes JSON lines here
+  std::string sample_log;  // every rank appends the indices of each step here
   std::string malloc_thresholds;  // what keep_freed_memory() did (not an option)
 };
 
@@ -88,6 +90,59 @@ class MetricsFile {
   std::FILE* file_ = nullptr;
 };
 
+// --sample-log: every rank appends one line per step, "epoch E step S rank R world W
+// indices I,I,...", S counting optimizer steps over the whole run (1 for the first).
+// Each line is one write() to a file opened O_APPEND, so the ranks' lines never mix,
+// and a resumed job adds to what the job before it wrote.
+class SampleLog {
+ public:
+  // "" when `path` could be opened, else why not.
+  std::string open(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    return fd_ < 0 ? std::strerror(errno) : "";
+  }
+  ~SampleLog() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // The step's samples: order[from, from + count).
+  void write(int64_t epoch, int64_t step, int rank, int world, const std::vector<int64_t>& order,
+             int64_t from, int64_t count) {
+    if (fd_ < 0) return;
+    std::string line = "epoch " + std::to_string(epoch) + " step " + std::to_string(step) +
+                       " rank " + std::to_string(rank) + " world " + std::to_string(world) +
+                       " indices ";
+    for (int64_t k = from; k < from + count; ++k) {
+      line += std::to_string(order[k]);
+      line += k + 1 < from + count ? ',' : '\n';
+    }
+    if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      throw chorus::SystemError(std::string("cannot write the --sample-log file: ") +
+                                std::strerror(errno));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Why `state` (a checkpoint) cannot be continued with these arguments, or "". Its
+// sampler must shuffle with the same seed, and its steps must have the same global
+// batch, else the rest of the epoch would not be the rest of the same permutation.
+// Checkpoints from before these were recorded (world_size 0) are not checked.
+std::string mismatch(const Args& a, const chorus::torch_ext::TrainingState& state) {
+  if (state.world_size == 0) return "";
+  if (state.global_batch != a.batch_size) {
+    return "it was written with a global batch of " + std::to_string(state.global_batch) +
+           ", --batch-size is " + std::to_string(a.batch_size) +
+           " (the global batch stays when the world size changes)";
+  }
+  if (state.sampler_seed != a.seed) {
+    return "its sampler was seeded with " + std::to_string(state.sampler_seed) + ", --seed is " +
+           std::to_string(a.seed);
+  }
+  return "";
+}
+
 using chorus::mnist::Linear;
 using chorus::mnist::Mlp;
 
@@ -110,7 +165,8 @@ int parse(int argc, char** argv, Args& a) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", a.checkpoint_dir, "rank 0 writes checkpoint.pt here");
   app.add_option("--checkpoint-interval", a.checkpoint_interval,
-                 "also checkpoint every N steps (0: only at epoch ends)")
+                 "also checkpoint every N steps, so that a crash loses fewer than N (0: only at "
+                 "epoch ends)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", a.resume, "continue from <checkpoint-dir>/checkpoint.pt if present");
   app.add_option("--device", a.device, "cpu")->check(CLI::IsMember({"cpu"}));
@@ -124,6 +180,9 @@ int parse(int argc, char** argv, Args& a) {
   app.add_option("--metrics", a.metrics,
                  "rank 0 writes JSON lines here: loss, samples/s, time per step split into "
                  "compute and waiting on allreduce, test accuracy (scripts/plot draws them)");
+  app.add_option("--sample-log", a.sample_log,
+                 "every rank appends a line per step: epoch, step, rank, world size and the "
+                 "sample indices it trained on");
   app.set_version_flag("--version", std::string("chorus-mnist ") + CHORUS_VERSION);
   try {
     app.parse(argc, argv);
@@ -184,7 +243,11 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
   auto train_set = load_split(a, chorus::data::Split::kTrain);
   auto test_set = load_split(a, chorus::data::Split::kTest);
   if (a.batch_size % world != 0) {
-    std::fprintf(stderr, "chorus-mnist: --batch-size %lld is not divisible by the %d ranks\n",
+    // The global batch is what a step trains on, at any world size (a job resumed on
+    // fewer or more ranks keeps it, so that it continues the same training).
+    std::fprintf(stderr,
+                 "chorus-mnist: the global batch (--batch-size %lld) is not divisible by the %d "
+                 "ranks; each rank trains on global batch / ranks samples per step\n",
                  static_cast<long long>(a.batch_size), world);
     return 2;
   }
@@ -195,16 +258,41 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
   so.num_replicas = world;
   so.rank = rank;
   so.seed = a.seed;
+  // Every epoch is floor(n / global batch) full steps at any world size, and the rest
+  // of the permutation is never trained on in that epoch. Without drop_last the ranks
+  // would pad when the world size does not divide n, and a last step could repeat
+  // samples; the first floor(n / world) indices of every rank are the same either way.
+  so.drop_last = true;
   chorus::data::DistributedSampler sampler(train_set->size(), so);
   chorus::torch_ext::TrainingState state;
   const std::string ckpt = a.checkpoint_dir.empty() ? "" : a.checkpoint_dir + "/checkpoint.pt";
   if (a.resume) {
     if (auto loaded = chorus::torch_ext::load_checkpoint(ckpt, *model, optimizer)) {
       state = *loaded;
-      if (rank == 0) {
-        std::printf("resumed from %s: epoch %lld, step %lld\n", ckpt.c_str(),
-                    static_cast<long long>(state.epoch), static_cast<long long>(state.step));
+      if (std::string why = mismatch(a, state); !why.empty()) {
+        std::fprintf(stderr, "chorus-mnist: cannot resume from %s: %s\n", ckpt.c_str(), why.c_str());
+        return 2;
       }
+      if (rank == 0) {
+        std::printf("resumed from %s: epoch %lld, step %lld, %lld samples of the epoch consumed, "
+                    "written by %lld ranks, now %d\n",
+                    ckpt.c_str(), static_cast<long long>(state.epoch),
+                    static_cast<long long>(state.step),
+                    static_cast<long long>(state.consumed_by_all(world)),
+                    static_cast<long long>(state.world_size > 0 ? state.world_size : world), world);
+      }
+    }
+  }
+  const int64_t resume_epoch = state.epoch, resume_consumed = state.consumed_by_all(world);
+  state.world_size = world;
+  state.global_batch = a.batch_size;
+  state.sampler_seed = a.seed;
+  SampleLog sample_log;
+  if (!a.sample_log.empty()) {
+    if (std::string why = sample_log.open(a.sample_log); !why.empty()) {
+      std::fprintf(stderr, "chorus-mnist: cannot append to the --sample-log file %s: %s\n",
+                   a.sample_log.c_str(), why.c_str());
+      return 2;
     }
   }
   if (!ckpt.empty() && rank == 0) std::filesystem::create_directories(a.checkpoint_dir);
@@ -238,17 +326,19 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
   bool stop = false;
   for (int64_t epoch = state.epoch; epoch < a.epochs && !stop; ++epoch) {
     if (!bar) std::printf("curr epoch:  %lld\n", static_cast<long long>(epoch));
-    sampler.set_epoch(epoch);
-    if (epoch == state.epoch && state.sampler_position > 0) {
-      sampler.load_state({epoch, state.sampler_position});
-    }
+    // The rest of the epoch after what all ranks consumed before, at whatever world
+    // size they were (the first `consumed` positions of the epoch's permutation).
+    sampler.resume(epoch, epoch == resume_epoch ? resume_consumed : 0);
     state.epoch = epoch;
+    state.sampler_position = sampler.position();
+    state.consumed = sampler.consumed();
     chorus::data::DataLoaderOptions lo;
     lo.batch_size = batch;
     lo.drop_last = true;
     lo.workers = a.workers;
-    chorus::data::DataLoader loader(train_set, sampler.remaining_indices(), lo);
-    int64_t i = sampler.position() / batch;
+    const std::vector<int64_t> order = sampler.epoch_indices();
+    chorus::data::DataLoader loader(train_set, order, lo);
+    int64_t i = sampler.consumed() / a.batch_size;  // the step within the epoch
     auto start = Clock::now();
     const auto epoch_start = Clock::now();
     const int64_t first_i = i;
@@ -271,6 +361,7 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
       interval.step_s += step_s;
       interval.wait_s += ddp_stats.wait_seconds;
       interval.backward_s += ddp_stats.backward_seconds;
+      sample_log.write(epoch, state.step + 1, rank, world, order, sampler.position(), b->size());
       sampler.advance(b->size());
       ++state.step;
       if (state.step <= a.warmup_steps) {
@@ -279,6 +370,7 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
         trained += b->size() * world;
       }
       state.sampler_position = sampler.position();
+      state.consumed = sampler.consumed();
       if (i % a.log_interval == 0) {
         const double loss_value = loss.item<double>();
         if (!bar) {
@@ -338,7 +430,9 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     if (bar) std::printf("\n");  // the bar's line stays, finished
     if (!stop) {
-      state = {epoch + 1, state.step, 0};
+      state.epoch = epoch + 1;
+      state.sampler_position = 0;
+      state.consumed = 0;
       save();
     }
     last = evaluate(model, test_set, 1000);

@@ -15,6 +15,7 @@
 #include <random>
 #include <regex>
 
+#include "torch/mnist_job.h"
 #include "util/chorusrun.h"
 #include "util/ranks.h"
 #include "util/checks.h"
@@ -25,77 +26,15 @@ using namespace std::chrono_literals;
 using chorus::test::Subprocess;
 using chorus::test::SpawnOptions;
 
-const std::string kRun = std::string(CHORUS_BIN_DIR) + "/chorusrun";
-const std::string kMnist = std::string(CHORUS_BIN_DIR) + "/chorus-mnist";
-const std::string kFashion = "/usr/share/datasets/fashion-mnist";
-
+using chorus::mnist_job::job;
 using chorus::test::contains;
-
-// chorusrun with `launcher_args`, in an environment without a job's rendezvous variables.
-chorus::test::SpawnOptions launcher_options(std::vector<std::string> launcher_args) {
-  chorus::test::SpawnOptions o;
-  o.args = std::move(launcher_args);
-  o.env = {{"OMP_NUM_THREADS", "1"}, {"CHORUS_CONNECT_TIMEOUT", "60"}};
-  o.unset_env = chorus::test::launcher_unset_env();
-  return o;
-}
-
-// A standalone chorusrun of `ranks` chorus-mnist workers with `args`.
-chorus::test::SpawnOptions job_options(int ranks, const std::vector<std::string>& args,
-                                       const std::vector<std::string>& launcher_args = {}) {
-  chorus::test::SpawnOptions o =
-      launcher_options({"--standalone", "--nproc-per-node", std::to_string(ranks), "--tee", "3"});
-  o.args.insert(o.args.end(), launcher_args.begin(), launcher_args.end());
-  o.args.push_back(kMnist);
-  o.args.insert(o.args.end(), args.begin(), args.end());
-  return o;
-}
-
-std::unique_ptr<Subprocess> job(int ranks, const std::vector<std::string>& args,
-                                const std::vector<std::string>& launcher_args = {}) {
-  return std::make_unique<Subprocess>(kRun, job_options(ranks, args, launcher_args));
-}
-
-// "rank R params HASH" lines by rank.
-std::map<int, std::string> params_by_rank(const std::string& out) {
-  std::map<int, std::string> m;
-  std::regex re("rank ([0-9]+) params ([0-9a-f]+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-    m[std::stoi((*it)[1])] = (*it)[2];
-  }
-  return m;
-}
-
-void put_be32(std::ofstream& f, uint32_t v) {
-  unsigned char b[4] = {static_cast<unsigned char>(v >> 24), static_cast<unsigned char>(v >> 16),
-                        static_cast<unsigned char>(v >> 8), static_cast<unsigned char>(v)};
-  f.write(reinterpret_cast<char*>(b), 4);
-}
-
-// A small MNIST-shaped data set (raw IDX files) in a fresh directory.
-std::string make_tiny_dataset(int train, int test) {
-  std::string dir = testing::TempDir() + "tiny_mnist_" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  std::mt19937 rng(5);
-  auto write = [&](const std::string& prefix, int n) {
-    std::ofstream img(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary);
-    put_be32(img, 2051);
-    put_be32(img, n);
-    put_be32(img, 28);
-    put_be32(img, 28);
-    std::ofstream lab(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary);
-    put_be32(lab, 2049);
-    put_be32(lab, n);
-    for (int i = 0; i < n; ++i) {
-      int label = static_cast<int>(rng() % 10);
-      lab.put(static_cast<char>(label));
-      for (int p = 0; p < 784; ++p) img.put(static_cast<char>((p % 10 == label ? 200 : 0) + rng() % 50));
-    }
-  };
-  write("train", train);
-  write("t10k", test);
-  return dir;
-}
+using chorus::mnist_job::job_options;
+using chorus::mnist_job::kFashion;
+using chorus::mnist_job::kMnist;
+using chorus::mnist_job::kRun;
+using chorus::mnist_job::launcher_options;
+using chorus::mnist_job::make_tiny_dataset;
+using chorus::mnist_job::params_by_rank;
 
 // The string `key` of chorus-mnist's JSON line, run on 1 rank with `env` set (an empty
 // value: unset).

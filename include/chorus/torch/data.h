@@ -136,12 +136,15 @@ struct DistributedSamplerOptions {
   bool drop_last = false;
 };
 
-// Where a sampler stands, for checkpoints: the epoch, and how many of this
-// rank's samples of that epoch were consumed. Every rank has the same number
-// of samples per epoch, so rank 0's state is valid for all ranks.
+// Where a sampler stands, for checkpoints: the epoch, how many samples of the
+// epoch's global order were consumed before this sampler's share began (0
+// unless it was resumed, possibly at another world size: see resume()), and
+// how many of this rank's samples after that were consumed. Every rank has
+// the same number of samples, so rank 0's state is valid for all ranks.
 struct SamplerState {
   int64_t epoch = 0;
   int64_t position = 0;
+  int64_t start = 0;
 };
 
 // torch.utils.data.DistributedSampler, index for index: for the same dataset
@@ -150,6 +153,17 @@ struct SamplerState {
 // randperm, padding by repeating the list from its start, or truncation with
 // drop_last, then every num_replicas-th index from rank). A value type; not
 // synchronized: use one per thread.
+//
+// The epoch's global order is its permutation; rank r's j-th sample is global
+// position r + j * num_replicas. With a loader of `b` samples per rank, step s
+// of the epoch therefore consumes global positions [s*B, (s+1)*B) on all ranks
+// together (B = b * num_replicas, position s*B + k on rank k % num_replicas),
+// so "the first `consumed` positions" is exactly what was trained on. resume()
+// starts a sampler of any world size after them: rank r's j-th sample is then
+// position consumed + r + j * num_replicas, and the ranks share the rest of the
+// permutation as above (padded by repeating the permutation from its start, or
+// cut with drop_last, exactly like a fresh epoch of n - consumed samples). Any
+// number of world-size changes within an epoch thus use every position once.
 class DistributedSampler {
  public:
   // Throws InvalidArgumentError when dataset_size < 0, num_replicas < 1 or rank
@@ -161,12 +175,22 @@ class DistributedSampler {
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return state_.epoch; }
 
-  // This rank's samples per epoch (PyTorch's len(sampler)).
+  // Starts epoch `epoch` after the first `consumed` samples of its global
+  // order, consumed by ranks of whatever world size (a checkpoint's
+  // consumed()). resume(e, 0) is set_epoch(e); consumed >= dataset_size
+  // leaves nothing of the epoch (a padded last step may consume more positions
+  // than the dataset has). Throws InvalidArgumentError when epoch < 0 or
+  // consumed < 0.
+  void resume(int64_t epoch, int64_t consumed);
+
+  // This rank's samples per epoch (PyTorch's len(sampler)); after resume(),
+  // its share of the samples not consumed before.
   int64_t num_samples() const { return num_samples_; }
   // num_samples() * num_replicas.
   int64_t total_size() const { return num_samples_ * options_.num_replicas; }
 
-  // This rank's whole index list for the current epoch, num_samples() long.
+  // This rank's whole index list for the current epoch, num_samples() long
+  // (after resume(): its share of what was left).
   std::vector<int64_t> epoch_indices() const;
 
   // The part of epoch_indices() not consumed yet: from position() on. A
@@ -177,10 +201,14 @@ class DistributedSampler {
   // Throws InvalidArgumentError when the position would pass num_samples().
   void advance(int64_t count);
   int64_t position() const { return state_.position; }
+  // Samples of this epoch's global order consumed by all ranks together:
+  // start + position() * num_replicas. What a checkpoint records so that a job
+  // of another world size can resume() where this one stopped.
+  int64_t consumed() const { return state_.start + state_.position * options_.num_replicas; }
 
   SamplerState state() const { return state_; }
-  // Throws InvalidArgumentError when epoch < 0 or position is outside
-  // [0, num_samples()].
+  // Throws InvalidArgumentError when epoch < 0, start is not one resume()
+  // takes, or position is outside [0, num_samples()] for that start.
   void load_state(const SamplerState& state);
 
  private:

@@ -1,6 +1,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "chorus/torch/data.h"
@@ -26,11 +27,14 @@ const DistributedSamplerOptions& checked(int64_t dataset_size,
 }
 
 // PyTorch: ceil((n - r) / r) with drop_last when r does not divide n, else
-// ceil(n / r). For such n the first equals floor(n / r).
-int64_t samples_per_replica(int64_t dataset_size, const DistributedSamplerOptions& options) {
+// ceil(n / r). For such n the first equals floor(n / r). A resumed sampler
+// shares the n - start samples left the same way (none when start >= n).
+int64_t samples_per_replica(int64_t dataset_size, const DistributedSamplerOptions& options,
+                            int64_t start = 0) {
   int64_t r = options.num_replicas;
-  if (options.drop_last) return dataset_size / r;
-  return (dataset_size + r - 1) / r;
+  int64_t n = std::max<int64_t>(dataset_size - start, 0);
+  if (options.drop_last) return n / r;
+  return (n + r - 1) / r;
 }
 
 // The whole dataset's order for an epoch: randperm from a fresh CPU generator
@@ -60,18 +64,30 @@ void DistributedSampler::set_epoch(int64_t epoch) {
     throw InvalidArgumentError("DistributedSampler: epoch " + std::to_string(epoch) +
                                " is negative");
   }
-  state_ = {epoch, 0};
+  state_ = {epoch, 0, 0};
+  num_samples_ = samples_per_replica(dataset_size_, options_);
+}
+
+void DistributedSampler::resume(int64_t epoch, int64_t consumed) {
+  if (consumed < 0) {
+    throw InvalidArgumentError("DistributedSampler: cannot resume after " + std::to_string(consumed) +
+                               " consumed samples");
+  }
+  set_epoch(epoch);
+  state_.start = consumed;
+  num_samples_ = samples_per_replica(dataset_size_, options_, consumed);
 }
 
 // PyTorch pads the order to total_size by repeating it from its start
 // (order[k % n]) or, with drop_last, cuts it to total_size (k < n then), and
-// gives rank the positions rank, rank + r, rank + 2r, ...
+// gives rank the positions rank, rank + r, rank + 2r, ... A resumed sampler
+// does the same after its start.
 std::vector<int64_t> DistributedSampler::epoch_indices() const {
   uint64_t seed = options_.seed + static_cast<uint64_t>(state_.epoch);
   std::vector<int64_t> order = permutation(dataset_size_, options_.shuffle, seed);
   std::vector<int64_t> indices(static_cast<size_t>(num_samples_));
   for (int64_t j = 0; j < num_samples_; ++j) {
-    int64_t k = options_.rank + j * options_.num_replicas;
+    int64_t k = state_.start + options_.rank + j * options_.num_replicas;
     indices[j] = order[k % dataset_size_];
   }
   return indices;
@@ -93,12 +109,16 @@ void DistributedSampler::advance(int64_t count) {
 }
 
 void DistributedSampler::load_state(const SamplerState& state) {
-  if (state.epoch < 0 || state.position < 0 || state.position > num_samples_) {
+  const int64_t num_samples =
+      state.start < 0 ? -1 : samples_per_replica(dataset_size_, options_, state.start);
+  if (state.epoch < 0 || num_samples < 0 || state.position < 0 || state.position > num_samples) {
     throw InvalidArgumentError("DistributedSampler: state (epoch " + std::to_string(state.epoch) +
-                               ", position " + std::to_string(state.position) +
-                               ") does not fit num_samples " + std::to_string(num_samples_));
+                               ", position " + std::to_string(state.position) + ", start " +
+                               std::to_string(state.start) + ") does not fit num_samples " +
+                               std::to_string(num_samples));
   }
   state_ = state;
+  num_samples_ = num_samples;
 }
 
 }  // namespace chorus::data
