@@ -17,7 +17,7 @@
 #   -s      timed steps of the seed job, after 5 warm-up steps (default 40)
 #   -x      parts: allreduce, mnist or both, comma-separated (default allreduce,mnist)
 #   -k      hold this lock file exclusively (flock -x) during each program's run only
-#           (all its sizes), e.g. /work/cpu.lock on a shared machine
+#           (all its sizes), on a machine that other jobs share
 #   -t      deadline of each program run, seconds   (default 600)
 # Programs: chorus-bench under chorusrun (CHORUS_ALGO ring; also hier with more than
 # one rank per host), bench/torch_allreduce.py on gloo, bench/mpi_allreduce.c under
