@@ -190,9 +190,14 @@ std::optional<ElasticPlan> ElasticRendezvous::wait_plan(int round,
     while (!store_->check({k})) {
       if (interrupted()) return std::nullopt;
       if (deadline.expired()) {
+        std::string why = plan_.node_of(id_) < 0 && !plan_.nodes.empty()
+                              ? " (the job ran on its " + std::to_string(plan_.nodes.size()) +
+                                    " nodes without this one, --nnodes " +
+                                    std::to_string(o_.min_nnodes) + ":" + std::to_string(o_.nnodes) + ")"
+                              : "";
         throw TimeoutError("node 0 (store at " + o_.master_addr + ":" +
                            std::to_string(o_.master_port) + ") started no round " +
-                           std::to_string(round) + " within " + seconds_text(limit) + " s");
+                           std::to_string(round) + " within " + seconds_text(limit) + " s" + why);
       }
       nap(store_, k, std::min(kSlice, deadline.remaining()));
     }
@@ -215,11 +220,17 @@ std::optional<ElasticPlan> ElasticRendezvous::plan(int round, const std::optiona
     if (!p->end && p->nodes.empty()) return std::nullopt;  // interrupted
     std::string text = to_json(*p).dump();
     store_->set(key("plan/", round), text);
+    store_->set("latest", std::to_string(round));
   } else {
     p = wait_plan(round, interrupted);
   }
   if (p && !p->end) plan_ = *p;
   return p;
+}
+
+int ElasticRendezvous::first_round() {
+  if (id_ == 0 || !store_->check({"latest"})) return 0;
+  return std::atoi(store_->get_string("latest").c_str());
 }
 
 void ElasticRendezvous::publish_end(int round, const json& end) {

@@ -7,6 +7,7 @@
 //                        order
 //   member/<id>          "NPROC HOST [ADDR]" of that launcher (ADDR: its --local-addr)
 //   alive/<id>, beat/<id>, left/<id>   liveness.h, by member id
+//   latest               the number of the latest plan/<r>
 //   plan/<r>             round r, as node 0 decided it (JSON): the nodes in node-rank
 //                        order (node 0, then the others by member id: join order), the
 //                        workers' MASTER_PORT, the restarts used; or the job's end
@@ -69,6 +70,9 @@ class ElasticRendezvous : public RoundControl {
   // TimeoutError). Null when `interrupted` returned true.
   std::optional<ElasticPlan> plan(int round, const std::optional<nlohmann::json>& previous,
                                   const std::function<bool()>& interrupted);
+  // The round to ask plan() for first: 0 on node 0; elsewhere the latest one node 0
+  // published (a launcher that arrives late skips the rounds before).
+  int first_round();
   // Node 0: publishes the job's end as plan/<round>, for the launchers still waiting.
   void publish_end(int round, const nlohmann::json& end);
   // Barrier of the plan's nodes before the round; watches them from here on. False

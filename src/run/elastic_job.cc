@@ -74,7 +74,7 @@ int run_elastic_job(const LaunchOptions& o, Signals& signals) {
                                                      o.grace_period + std::chrono::seconds(5));
   const Environment base = current_environment();
   std::optional<json> previous;
-  for (int round = 0;; ++round) {
+  for (int round = rdzv.first_round();; ++round) {
     std::optional<ElasticPlan> plan = rdzv.plan(round, previous, interrupted);
     if (!plan) {  // told to stop while waiting
       if (rdzv.id() == 0) rdzv.publish_end(round, launcher_stop(0, stop_signal));
@@ -97,13 +97,10 @@ int run_elastic_job(const LaunchOptions& o, Signals& signals) {
     }
     const int node = plan->node_of(rdzv.id());
     if (node < 0) {
-      if (static_cast<int>(plan->nodes.size()) >= o.nnodes) {
-        std::cerr << "chorusrun: job failed: the job already runs on the most nodes it takes (--nnodes "
-                  << o.min_nnodes << ":" << o.nnodes << ")" << std::endl;
-        rdzv.leave(linger);
-        return 1;
-      }
-      continue;  // joined after the round was planned: wait for the next
+      // Joined after the round was planned, or the job runs on MAX nodes: the next one.
+      std::cerr << "chorusrun: round " << round << " runs without this node ("
+                << describe_round(*plan) << "); waiting for the next" << std::endl;
+      continue;
     }
     std::cerr << "chorusrun: " << local_time_text(std::chrono::system_clock::now()) << " round "
               << round << ": " << describe_round(*plan) << "; this is node " << node << "; "

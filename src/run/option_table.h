@@ -53,7 +53,7 @@ inline constexpr OptionSpec kOptions[] = {
      true},
     {"node-rank", "K", "0",
      "rank of this node, 0 .. nnodes-1; in an elastic job only 0 counts\n"
-     "      (that node hosts the store), the others are ranked by join order",
+     "      (that node hosts the store; any other value: ranked by join order)",
      true},
     {"master-addr", "HOST", "127.0.0.1",
      "address of node 0, whose launcher hosts the rendezvous store;\n"

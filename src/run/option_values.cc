@@ -201,7 +201,8 @@ void apply_standalone(const GivenValues& given, LaunchOptions& options) {
 }
 
 void check_combinations(const GivenValues& given, const LaunchOptions& options) {
-  if (options.node_rank >= options.nnodes) {
+  // In an elastic job only node rank 0 means something (that node hosts the store).
+  if (options.node_rank >= options.nnodes && !options.elastic()) {
     reject(given.at("node_rank"), "must be less than " + reference(given.at("nnodes"), "--nnodes"));
   }
   if (static_cast<int64_t>(options.nnodes) * options.nproc_per_node > kIntMax) {

@@ -40,13 +40,18 @@ struct Job {
 
   Subprocess& start(int k, int nproc, const std::string& until_round,
                     const std::map<std::string, std::string>& env = {}) {
+    return start_program(k, nproc, {test::test_worker_path(), "elastic-round", until_round}, env);
+  }
+
+  Subprocess& start_program(int k, int nproc, const std::vector<std::string>& program,
+                            const std::map<std::string, std::string>& env = {}) {
     std::vector<std::string> args = {
         "--nnodes", nnodes, "--node-rank", std::to_string(k), "--nproc-per-node",
         std::to_string(nproc), "--master-addr", "127.0.0.2", "--master-port", std::to_string(port),
         "--local-addr", "127.0.0." + std::to_string(2 + k), "--rdzv-id",
         "elastic-" + std::to_string(port)};
     args.insert(args.end(), extra.begin(), extra.end());
-    args.insert(args.end(), {test::test_worker_path(), "elastic-round", until_round});
+    args.insert(args.end(), program.begin(), program.end());
     if (nodes.size() <= static_cast<size_t>(k)) nodes.resize(k + 1);
     nodes[k] = test::start_chorusrun(args, env);
     return *nodes[k];
@@ -177,6 +182,84 @@ TEST(Elastic, TooFewNodesWithinTheJoinTimeoutAreNamed) {
     EXPECT_TRUE(contains(err, "node 0 (host " + host + ", address 127.0.0.2), node 1 (host " +
                               host + ", address 127.0.0.3)")) << err;
     EXPECT_FALSE(contains(job.nodes[k]->stdout_text(), "rank")) << "a worker started\n" << err;
+  }
+}
+
+// The node that joined last (node rank 2 of 3) in a full job.
+int last_joined(Job& job) {
+  for (int k = 1; k < static_cast<int>(job.nodes.size()); ++k) {
+    if (job.nodes[k] && contains(job.nodes[k]->stdout_text(), "group 2/3 restart 0")) return k;
+  }
+  return -1;
+}
+
+// A launcher told to stop (SIGTERM) leaves: it ends with 128 + 15, and the others go
+// on without it in a round of two.
+TEST(Elastic, StoppedLauncherLeavesAndTheRestGoOn) {
+  Job job("2:3", {"--max-restarts", "1", "--rdzv-conf", "last_call_timeout=60"});
+  for (int k : {0, 1, 2}) job.start(k, 1, "1");
+  for (int k : {0, 1, 2}) ASSERT_TRUE(job.says(k, "allreduced")) << job.all_output();
+  const int victim = last_joined(job);
+  ASSERT_NE(victim, -1) << job.all_output();
+  ASSERT_EQ(kill(job.nodes[victim]->pid(), SIGTERM), 0);
+  ASSERT_TRUE(job.ends(victim, 128 + SIGTERM)) << job.all_output();
+  ASSERT_TRUE(job.ends(0, 0)) << job.all_output();
+  ASSERT_TRUE(job.ends(3 - victim, 0)) << job.all_output();
+  EXPECT_TRUE(contains(job.nodes[0]->stdout_text(), place(0, 2, 0, 1, 0, 2, 1))) << job.all_output();
+  EXPECT_TRUE(contains(job.nodes[3 - victim]->stdout_text(), place(1, 2, 0, 1, 1, 2, 1)))
+      << job.all_output();
+  EXPECT_TRUE(contains(job.nodes[0]->stderr_text(), "the launcher of node 2 received SIGTERM"))
+      << job.all_output();
+}
+
+// A full job (MAX nodes) loses one; a launcher that arrives afterwards is admitted into
+// the room left, skipping the rounds it missed, and the job finishes on three again.
+TEST(Elastic, LateLauncherTakesThePlaceOfALostOne) {
+  Job job("2:3", {"--max-restarts", "1", "--rdzv-conf", "last_call_timeout=60"});
+  for (int k : {0, 1, 2}) job.start(k, 1, "2");
+  for (int k : {0, 1, 2}) ASSERT_TRUE(job.says(k, "allreduced")) << job.all_output();
+  const int victim = last_joined(job);
+  ASSERT_NE(victim, -1) << job.all_output();
+  ASSERT_EQ(kill(job.nodes[victim]->pid(), SIGKILL), 0);
+  ASSERT_TRUE(job.says(0, "restart 1")) << job.all_output();
+  job.start(3, 1, "2");
+  for (int k : {0, 3 - victim, 3}) ASSERT_TRUE(job.ends(k, 0)) << job.all_output();
+  EXPECT_TRUE(contains(job.nodes[0]->stdout_text(), place(0, 2, 0, 1, 0, 2, 1))) << job.all_output();
+  EXPECT_TRUE(contains(job.nodes[3]->stdout_text(), place(2, 3, 0, 1, 2, 3, 2))) << job.all_output();
+  EXPECT_EQ(test::occurrences(job.nodes[3]->stdout_text(), "allreduced"), 1u) << job.all_output();
+}
+
+// A stopped launcher keeps its connection (and its alive key): its missing heartbeats
+// give it away, and the next round must leave it out all the same.
+TEST(Elastic, StoppedHostIsLeftOut) {
+  Job job("2:3", {"--max-restarts", "1", "--rdzv-conf", "last_call_timeout=60"});
+  for (int k : {0, 1, 2}) job.start(k, 1, "1", {{"CHORUS_HEARTBEAT_TIMEOUT", "1"}});
+  for (int k : {0, 1, 2}) ASSERT_TRUE(job.says(k, "allreduced")) << job.all_output();
+  const int victim = last_joined(job);
+  ASSERT_NE(victim, -1) << job.all_output();
+  ASSERT_EQ(kill(job.nodes[victim]->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(job.ends(0, 0)) << job.all_output();
+  ASSERT_TRUE(job.ends(3 - victim, 0)) << job.all_output();
+  EXPECT_TRUE(contains(job.nodes[0]->stdout_text(), place(0, 2, 0, 1, 0, 2, 1))) << job.all_output();
+  EXPECT_TRUE(contains(job.nodes[0]->stderr_text(), "it sent no heartbeat")) << job.all_output();
+  kill(job.nodes[victim]->pid(), SIGKILL);
+}
+
+// A worker that fails ends the round; every node restarts while restarts remain, then
+// the job fails with that worker's exit code on every node.
+TEST(Elastic, WorkerFailuresUseUpTheRestarts) {
+  Job job("1:2", {"--max-restarts", "1", "--rdzv-conf", "last_call_timeout=60"});
+  const std::vector<std::string> failing = {test::scripted_worker_path(), "out", "started",
+                                            "exit", "3"};
+  job.start_program(0, 1, failing);
+  job.start_program(1, 1, failing);
+  for (int k : {0, 1}) {
+    ASSERT_TRUE(job.ends(k, 3)) << job.all_output();
+    const std::string err = job.nodes[k]->stderr_text();
+    EXPECT_TRUE(contains(err, "round 1: 2 node(s)")) << err;
+    EXPECT_FALSE(contains(err, "round 2")) << err;
+    EXPECT_TRUE(contains(err, "job failed: rank ")) << err;
+    EXPECT_EQ(test::occurrences(job.nodes[k]->stdout_text(), "started"), 2u) << job.all_output();
   }
 }
 
