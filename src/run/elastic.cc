@@ -261,7 +261,8 @@ bool ElasticRendezvous::ready(int round, const std::function<bool()>& interrupte
   try {
     store_->set(round_key(round, "ready/" + std::to_string(id_)), "1");
     while (!store_->check(keys)) {
-      if (interrupted() || lost()) return false;
+      // A node that was told to stop before the round started says so in its failure.
+      if (interrupted() || lost() || RoundControl::failure(round)) return false;
       if (deadline.expired()) {
         throw TimeoutError("starting round " + std::to_string(round) + ": not every node of it was ready within " +
                            seconds_text(connect_timeout_) + " s (CHORUS_CONNECT_TIMEOUT)");
@@ -284,9 +285,13 @@ std::optional<std::string> ElasticRendezvous::failure(int round) {
   // A launcher that joined after this round was planned, alive: end the round so that
   // the next one admits it (its workers resume from their checkpoint).
   const int count = static_cast<int>(store_->add("members", 0));
-  for (int id = plan_.nodes.back().id + 1; id <= count; ++id) {
+  for (int id = 1; id <= count; ++id) {
     if (plan_.node_of(id) >= 0 || excluded_.count(id) != 0) continue;
-    if (!store_->check({key("member/", id), key("alive/", id)})) continue;
+    if (!store_->check({key("member/", id)})) continue;  // still joining
+    if (!store_->check({key("alive/", id)}) || store_->check({key("left/", id)})) {
+      excluded_.insert(id);  // gone for good: not looked at again
+      continue;
+    }
     json join{{"kind", "join"},
               {"id", id},
               {"host", member(id).host},

@@ -102,7 +102,8 @@ class ElasticRendezvous : public RoundControl {
   std::unique_ptr<TcpStoreServer> server_;
   int id_ = 0;
   ElasticPlan plan_;        // the current round's
-  // Node 0: the launchers lost or stopped (never admitted again), and the restarts used.
+  // Node 0: the launchers lost, stopped or gone (never admitted again), and the
+  // restarts used.
   std::set<int> excluded_;
   int restarts_ = 0;
 };

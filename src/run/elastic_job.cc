@@ -112,8 +112,10 @@ int run_elastic_job(const LaunchOptions& o, Signals& signals) {
       if (stop_signal != 0) {
         failure = launcher_stop(node, stop_signal);
         rdzv.report_failure(round, failure->dump());
-      } else {
+      } else if (rdzv.lost()) {
         failure = json::parse(*rdzv.lost());
+      } else {
+        failure = json::parse(*rdzv.RoundControl::failure(round));
       }
     } else {
       Attempt attempt(o, rdzv, signals, round, node);

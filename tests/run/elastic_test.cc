@@ -142,6 +142,12 @@ TEST(Elastic, NodeJoiningARunningJobIsAdmittedAtTheNextRound) {
   ASSERT_TRUE(job.says(0, "allreduced", 2) && job.says(1, "allreduced", 2)) << job.all_output();
   EXPECT_TRUE(contains(job.nodes[0]->stdout_text(), place(0, 4, 0, 2, 0, 2, 0))) << job.all_output();
   job.start(2, 1, "1");
+  const auto started = Clock::now();
+  ASSERT_TRUE(job.says(0, "restart 1", 2) && job.says(1, "restart 1", 2) && job.says(2, "restart 1"))
+      << job.all_output();
+  std::printf("[ timing ] start of node 2's launcher to every round-1 worker started: %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         Clock::now() - started).count()));
   for (int k : {0, 1, 2}) {
     ASSERT_TRUE(job.ends(k, 0)) << job.all_output();
   }
