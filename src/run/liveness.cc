@@ -53,9 +53,11 @@ std::string local_time_text(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
-std::string launcher_lost_report(int node, const std::string& host, const std::string& how) {
+std::string launcher_lost_report(int node, const std::string& host, const std::string& how,
+                                 int id) {
   return nlohmann::json{{"kind", "launcher"},
                         {"node", node},
+                        {"id", id},
                         {"host", host},
                         {"how", how},
                         {"status", 1},
@@ -63,29 +65,56 @@ std::string launcher_lost_report(int node, const std::string& host, const std::s
       .dump();
 }
 
-Liveness::Liveness(const LaunchOptions& options, const std::string& job_token,
+Liveness::Liveness(const LaunchOptions& options, int self, const std::string& job_token,
                    const std::string& prefix, milliseconds connect_timeout, milliseconds timeout)
-    : o_(options), timeout_(timeout) {
+    : o_(options), self_(self), timeout_(timeout) {
   auto tcp = std::make_shared<TcpStore>(options.master_addr, options.master_port, connect_timeout,
                                         job_token);
   tcp->set_timeout(timeout);  // the calls that do not wait on keys use the base's
   store_ = std::make_shared<PrefixStore>(prefix, tcp);
-  store_->set(node_key("alive/", options.node_rank), net::hostname());
+  store_->set(node_key("alive/", self), net::hostname());
 }
 
 Liveness::~Liveness() { stop(); }
 
 void Liveness::watch(const std::vector<std::string>& hosts) {
-  hosts_ = hosts;
-  for (int k = 0; k < o_.nnodes; ++k) {
-    if (k == o_.node_rank) continue;
-    others_.push_back(k);
-    if (o_.node_rank == 0 || k == 0) watched_.push_back(k);
+  std::vector<Peer> peers;
+  for (int k = 0; k < static_cast<int>(hosts.size()); ++k) peers.push_back({k, k, hosts[k]});
+  watch(peers, "lost");
+}
+
+void Liveness::watch(const std::vector<Peer>& peers, const std::string& lost_key) {
+  peers_ = peers;
+  lost_key_ = lost_key;
+  for (const Peer& p : peers) {
+    if (p.id == self_) continue;
+    others_.push_back(p.id);
+    if (self_ == 0 || p.id == 0) watched_.push_back(p.id);
   }
   last_beat_.assign(watched_.size(), -1);
   last_change_.assign(watched_.size(), Clock::now());
   next_beat_ = Clock::now();
   thread_ = std::thread([this] { run(); });
+}
+
+void Liveness::reset() {
+  stop();
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopping_ = false;
+  // Node 0's loss (its store gone) outlasts the round: nothing may be asked of it.
+  if (lost_ && !(lost_node_ == 0 && self_ != 0)) {
+    lost_.reset();
+    lost_node_ = -1;
+  }
+  others_.clear();
+  watched_.clear();
+}
+
+const Peer& Liveness::peer(int id) const {
+  for (const Peer& p : peers_) {
+    if (p.id == id) return p;
+  }
+  throw InvalidArgumentError("liveness: no launcher with member id " + std::to_string(id));
 }
 
 std::optional<std::string> Liveness::lost() const {
@@ -95,7 +124,7 @@ std::optional<std::string> Liveness::lost() const {
 
 bool Liveness::store_lost() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return lost_ && lost_node_ == 0 && o_.node_rank != 0;
+  return lost_ && lost_node_ == 0 && self_ != 0;
 }
 
 int Liveness::lost_node() const {
@@ -114,7 +143,7 @@ std::optional<std::string> Liveness::settle() {
 }
 
 std::optional<std::string> Liveness::store_failed(const std::exception& e) {
-  if (o_.node_rank == 0) return std::nullopt;
+  if (self_ == 0) return std::nullopt;
   std::string store = "its store at " + o_.master_addr + ":" + std::to_string(o_.master_port);
   std::string how;
   if (dynamic_cast<const StoreError*>(&e) != nullptr) {
@@ -125,7 +154,7 @@ std::optional<std::string> Liveness::store_failed(const std::exception& e) {
   } else {
     how = store + " failed: " + e.what();
   }
-  record(launcher_lost_report(0, hosts_.empty() ? o_.master_addr : hosts_[0], how), 0);
+  record(launcher_lost_report(0, peers_.empty() ? o_.master_addr : peer(0).host, how, 0), 0);
   return lost();
 }
 
@@ -156,21 +185,21 @@ void Liveness::run() {
 // node 0 (its own store, in this process) it is logged and the next tick tries again.
 void Liveness::sweep() {
   try {
-    if (store_->check({"lost"})) {
-      std::string report = store_->get_string("lost");
-      record(report, nlohmann::json::parse(report).value("node", -1));
+    if (store_->check({lost_key_})) {
+      std::string report = store_->get_string(lost_key_);
+      record(report, nlohmann::json::parse(report).value("id", -1));
       return;
     }
     check_alive();
     // Counters are read as often as they move: with many nodes, node 0 reads one each.
     const auto now = Clock::now();
     if (now >= next_beat_) {
-      store_->add(node_key("beat/", o_.node_rank), 1);
+      store_->add(node_key("beat/", self_), 1);
       next_beat_ = now + timeout_ / 5;
       check_beats(now);
     }
   } catch (const Error& e) {
-    if (o_.node_rank != 0) {
+    if (self_ != 0) {
       store_failed(e);
     } else {
       CHORUS_LOG(kWarn, "chorusrun: liveness check on node 0's own store failed: " << e.what());
@@ -204,26 +233,29 @@ void Liveness::check_beats(Clock::time_point now) {
     }
     const auto silent = std::chrono::duration_cast<milliseconds>(now - last_change_[i]);
     if (silent < timeout_ || store_->check({node_key("left/", k)})) continue;
-    if (o_.node_rank == 0) {
+    if (self_ == 0) {
       publish(k, "it sent no heartbeat for " + seconds_text(silent) +
                      " s (CHORUS_HEARTBEAT_TIMEOUT " + seconds_text(timeout_) + " s)");
     } else {
-      record(launcher_lost_report(0, hosts_[0],
+      record(launcher_lost_report(0, peer(0).host,
                                   "it sent no heartbeat for " + seconds_text(silent) +
                                       " s (CHORUS_HEARTBEAT_TIMEOUT " + seconds_text(timeout_) +
-                                      " s)"),
+                                      " s)",
+                                  0),
              0);
     }
     return;
   }
 }
 
-// Publishes node `node` as lost; the first report in the store stands.
-void Liveness::publish(int node, const std::string& how) {
-  std::string mine = launcher_lost_report(node, hosts_.at(node), how);
-  Bytes stands = store_->compare_set("lost", Bytes(), Bytes(mine.begin(), mine.end()));
+// Publishes the launcher with member id `id` as lost; the first report in the store
+// stands.
+void Liveness::publish(int id, const std::string& how) {
+  const Peer& p = peer(id);
+  std::string mine = launcher_lost_report(p.node, p.host, how, id);
+  Bytes stands = store_->compare_set(lost_key_, Bytes(), Bytes(mine.begin(), mine.end()));
   std::string report(stands.begin(), stands.end());
-  record(report, nlohmann::json::parse(report).value("node", node));
+  record(report, nlohmann::json::parse(report).value("id", id));
 }
 
 void Liveness::record(const std::string& report, int node) {

@@ -20,6 +20,10 @@
 // never counted lost. The loss is every launcher's failure of the round
 // (supervisor.cc), and the job's end: a lost node cannot come back.
 //
+// In an elastic job (elastic.h) <k> is a launcher's member id, not its node rank, the
+// launchers watched are those of one round, and the lost key is that round's
+// (round/<r>/lost): a loss ends the round, after which reset() gets ready for the next.
+//
 // The heartbeat timeout is CHORUS_HEARTBEAT_TIMEOUT (default 5 s, at least 0.5 s).
 #pragma once
 
@@ -47,22 +51,37 @@ std::chrono::milliseconds heartbeat_timeout();
 std::string local_time_text(std::chrono::system_clock::time_point t);
 
 // The report of a lost launcher, as the JSON text of a failure (supervisor.cc reads
-// it): kind "launcher", its node and host, how it was found lost, and exit status 1.
-std::string launcher_lost_report(int node, const std::string& host, const std::string& how);
+// it): kind "launcher", its node and host, how it was found lost, and exit status 1;
+// "id" is its member id (its node rank but in an elastic job).
+std::string launcher_lost_report(int node, const std::string& host, const std::string& how,
+                                 int id);
+
+// A launcher watched: its member id, node rank (in this round) and host.
+struct Peer {
+  int id;
+  int node;
+  std::string host;
+};
 
 class Liveness {
  public:
   // Connects to the store (its own connection, whose calls are bounded by `timeout`)
-  // and writes this node's alive key. Call before this node joins, so that the others
-  // never see it joined without one.
-  Liveness(const LaunchOptions& options, const std::string& job_token, const std::string& prefix,
-           std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout);
+  // and writes this node's alive key (alive/<self>). Call before this node joins, so
+  // that the others never see it joined without one.
+  Liveness(const LaunchOptions& options, int self, const std::string& job_token,
+           const std::string& prefix, std::chrono::milliseconds connect_timeout,
+           std::chrono::milliseconds timeout);
   ~Liveness();  // stops the thread
   Liveness(const Liveness&) = delete;
   Liveness& operator=(const Liveness&) = delete;
 
   // Starts watching, once every node has joined; `hosts` by node rank.
   void watch(const std::vector<std::string>& hosts);
+  // Starts watching `peers` (this launcher among them), a loss going to `lost_key`.
+  void watch(const std::vector<Peer>& peers, const std::string& lost_key);
+  // Stops watching and forgets the loss found, for the next round's watch(); but node
+  // 0's, whose store is gone for good (store_lost()).
+  void reset();
   // The loss found so far (launcher_lost_report's text), if any. Never waits.
   std::optional<std::string> lost() const;
   // Waits (up to about a second) for a full round of checks that starts after this
@@ -76,7 +95,7 @@ class Liveness {
   // True when the lost launcher is node 0's: its store is gone, nothing may be asked
   // of it any more (a call would wait for a reconnection).
   bool store_lost() const;
-  // The node whose launcher was found lost, -1 when none.
+  // The member id of the launcher found lost, -1 when none.
   int lost_node() const;
   // Stops the thread (this node leaves); the connection, and the alive key, stay.
   void stop();
@@ -89,12 +108,15 @@ class Liveness {
   void check_beats(std::chrono::steady_clock::time_point now);
   void publish(int node, const std::string& how);
   void record(const std::string& report, int node);
+  const Peer& peer(int id) const;
 
   const LaunchOptions& o_;
+  const int self_;  // this launcher's member id
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<Store> store_;
-  std::vector<std::string> hosts_;
-  std::vector<int> others_;  // every node but this one: their alive keys are checked
+  std::vector<Peer> peers_;
+  std::string lost_key_ = "lost";
+  std::vector<int> others_;  // every id but this one: their alive keys are checked
   // The nodes whose heartbeats this one watches (node 0: all others; the others: node
   // 0), their last counter value and when it last changed.
   std::vector<int> watched_;

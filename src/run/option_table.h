@@ -47,11 +47,14 @@ struct OptionSpec {
 
 inline constexpr OptionSpec kOptions[] = {
     {"nproc-per-node", "N|auto", "1", "workers on this node; auto: one per CPU", true},
-    {"nnodes", "N|N:N", "1",
-     "number of nodes, each running one chorusrun; MIN:MAX only with MIN == MAX\n"
-     "      (elastic ranges are not supported yet)",
+    {"nnodes", "N|MIN:MAX", "1",
+     "number of nodes, each running one chorusrun; MIN:MAX with MIN < MAX: an\n"
+     "      elastic job, which runs on MIN to MAX nodes (see below)",
      true},
-    {"node-rank", "K", "0", "rank of this node, 0 .. nnodes-1", true},
+    {"node-rank", "K", "0",
+     "rank of this node, 0 .. nnodes-1; in an elastic job only 0 counts\n"
+     "      (that node hosts the store; any other value: ranked by join order)",
+     true},
     {"master-addr", "HOST", "127.0.0.1",
      "address of node 0, whose launcher hosts the rendezvous store;\n"
      "      an exported MASTER_ADDR is the default below the variables",
@@ -68,7 +71,14 @@ inline constexpr OptionSpec kOptions[] = {
      true},
     {"rdzv-endpoint", "HOST[:PORT]", "",
      "another spelling of --master-addr HOST [--master-port PORT]", true},
-    {"rdzv-conf", "CONF", "", "must be empty: rendezvous settings are not supported", true},
+    {"rdzv-conf", "CONF", "",
+     "KEY=VALUE,...: join_timeout=SECONDS (as --rdzv-join-timeout),\n"
+     "      last_call_timeout=SECONDS (elastic: how long the first round waits for\n"
+     "      more than MIN nodes; default 2)",
+     true},
+    {"rdzv-join-timeout", "SECONDS", "30",
+     "elastic: how long node 0 waits for MIN nodes (at the start and after a\n"
+     "      loss): 0.1..86400"},
     {"max-restarts", "N", "0", "times the whole job is restarted after a worker fails", true},
     {"monitor-interval", "SECONDS", "0.1", "how often workers are checked: 0.001..3600", true},
     {"rdzv-id", "ID", "none", "job id, also the job token", true},

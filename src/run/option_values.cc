@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <tuple>
 
 #include "run/option_table.h"
 #include "run/options.h"
@@ -57,20 +58,55 @@ int to_nproc(const Given& given, int cpus) {
   return to_int(given, 1, kIntMax, "must be a whole number >= 1, or auto");
 }
 
-// "N", or torchrun's "MIN:MAX" with MIN == MAX.
-int to_nnodes(const Given& given) {
+// "N", or torchrun's "MIN:MAX" (MIN <= MAX): {MIN, MAX}.
+std::pair<int, int> to_nnodes(const Given& given) {
   size_t colon = given.text.find(':');
-  if (colon == std::string::npos) return to_int(given, 1, kIntMax, "must be a whole number >= 1");
+  if (colon == std::string::npos) {
+    int n = to_int(given, 1, kIntMax, "must be a whole number >= 1");
+    return {n, n};
+  }
   std::string_view text = given.text;
   std::optional<int> low = whole_number(text.substr(0, colon));
   std::optional<int> high = whole_number(text.substr(colon + 1));
   if (!low || !high || *low < 1 || *low > *high) {
     reject(given, "must be N or MIN:MAX with whole numbers 1 <= MIN <= MAX");
   }
-  if (*low != *high) {
-    reject(given, "elastic ranges (MIN:MAX with MIN < MAX) are not supported yet; give one number");
+  return {*low, *high};
+}
+
+// torchrun's --rdzv-conf "KEY=VALUE,...": the keys that mean something here. A bad
+// item is named as written ("--rdzv-conf join_timeout=soon").
+void apply_rdzv_conf(const Given& given, LaunchOptions& options) {
+  std::string_view text = given.text;
+  while (!text.empty()) {
+    size_t comma = text.find(',');
+    std::string_view item = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+    if (item.empty()) continue;
+    size_t eq = item.find('=');
+    std::string key(item.substr(0, eq));
+    std::string value = eq == std::string_view::npos ? "" : std::string(item.substr(eq + 1));
+    Given named{std::string(item), given.source};
+    double seconds = 0;
+    auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+    bool number = !value.empty() && error == std::errc() && end == value.data() + value.size() &&
+                  std::isfinite(seconds);
+    auto duration = [&](double min_s) {
+      if (!number || seconds < min_s || seconds > 86400) {
+        reject(named, "must be a number of seconds from " + std::string(min_s > 0 ? "0.1" : "0") +
+                          " to 86400");
+      }
+      return std::chrono::round<std::chrono::milliseconds>(std::chrono::duration<double>(seconds));
+    };
+    if (key == "join_timeout") {
+      options.join_timeout = duration(0.1);
+    } else if (key == "last_call_timeout") {
+      options.last_call = duration(0);
+    } else {
+      reject(named, "unknown rendezvous setting; the settings are join_timeout=SECONDS and "
+                    "last_call_timeout=SECONDS");
+    }
   }
-  return *low;
 }
 
 std::string to_host(const Given& given) {
@@ -110,16 +146,19 @@ bool to_bool(const Given& given) {
 void convert_values(const GivenValues& given, int cpus, LaunchOptions& options) {
   options.standalone = to_bool(given.at("standalone"));
   options.nproc_per_node = to_nproc(given.at("nproc_per_node"), cpus);
-  options.nnodes = to_nnodes(given.at("nnodes"));
+  std::tie(options.min_nnodes, options.nnodes) = to_nnodes(given.at("nnodes"));
   options.node_rank = to_int(given.at("node_rank"), 0, kIntMax, "must be a whole number >= 0");
   options.master_addr = to_host(given.at("master_addr"));
   options.master_port = to_port(given.at("master_port"), options.standalone);
   options.rdzv_backend = to_backend(given.at("rdzv_backend"));
   options.rdzv_endpoint = given.at("rdzv_endpoint").text;
-  if (!given.at("rdzv_conf").text.empty()) {
-    reject(given.at("rdzv_conf"), "rendezvous settings are not supported (the launchers' "
-                                  "deadline is CHORUS_CONNECT_TIMEOUT); leave it empty");
-  }
+  options.join_timeout = to_duration(given.at("rdzv_join_timeout"), 0.1, 86400,
+                                     "must be a number of seconds from 0.1 to 86400");
+  // The command line's --rdzv-join-timeout wins over a join_timeout in --rdzv-conf.
+  const std::string join_source = given.at("rdzv_join_timeout").source;
+  const auto join_given = options.join_timeout;
+  apply_rdzv_conf(given.at("rdzv_conf"), options);
+  if (join_source != kDefault) options.join_timeout = join_given;
   options.max_restarts =
       to_int(given.at("max_restarts"), 0, kIntMax, "must be a whole number >= 0");
   options.monitor_interval = to_duration(given.at("monitor_interval"), 0.001, 3600,
@@ -162,7 +201,8 @@ void apply_standalone(const GivenValues& given, LaunchOptions& options) {
 }
 
 void check_combinations(const GivenValues& given, const LaunchOptions& options) {
-  if (options.node_rank >= options.nnodes) {
+  // In an elastic job only node rank 0 means something (that node hosts the store).
+  if (options.node_rank >= options.nnodes && !options.elastic()) {
     reject(given.at("node_rank"), "must be less than " + reference(given.at("nnodes"), "--nnodes"));
   }
   if (static_cast<int64_t>(options.nnodes) * options.nproc_per_node > kIntMax) {

@@ -45,7 +45,8 @@ inline bool contains(Streams set, int stream) {
 
 struct LaunchOptions {
   int nproc_per_node = 1;          // --nproc-per-node N|auto (auto: number of CPUs)
-  int nnodes = 1;                  // --nnodes N, or MIN:MAX with MIN == MAX
+  int nnodes = 1;                  // --nnodes N, or the MAX of MIN:MAX
+  int min_nnodes = 1;              // the MIN of --nnodes MIN:MAX; N for --nnodes N
   int node_rank = 0;               // --node-rank
   std::string master_addr = "127.0.0.1";  // --master-addr
   uint16_t master_port = 29500;    // --master-port (0 only with --standalone: picked)
@@ -54,6 +55,11 @@ struct LaunchOptions {
   std::string rdzv_endpoint;       // --rdzv-endpoint HOST[:PORT], as given (already
                                    // applied to master_addr / master_port)
   int max_restarts = 0;            // --max-restarts
+  // An elastic job (--nnodes MIN:MAX, MIN < MAX; elastic.h): how long node 0 waits for
+  // MIN nodes (--rdzv-join-timeout, or --rdzv-conf join_timeout=), and how long after
+  // MIN more may come before the first round starts (--rdzv-conf last_call_timeout=).
+  std::chrono::milliseconds join_timeout{30000};
+  std::chrono::milliseconds last_call{2000};
   std::chrono::milliseconds monitor_interval{100};  // --monitor-interval SECONDS (float)
   std::string rdzv_id = "none";    // --rdzv-id: job id, also the job token
   std::string log_dir;             // --log-dir: per-rank log files below it
@@ -70,6 +76,7 @@ struct LaunchOptions {
   bool local_rank_arg = false;     // --local-rank-arg: workers also get --local_rank=N
   std::string program;             // PROGRAM (with --module: the module's name)
   std::vector<std::string> program_args;  // ARGS...
+  bool elastic() const { return min_nnodes < nnodes; }
   // Things worth telling the user that do not stop the launch ("MASTER_ADDR=... is not
   // used"); chorusrun prints each as a warning.
   std::vector<std::string> warnings;

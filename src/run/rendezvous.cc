@@ -12,9 +12,10 @@ namespace chorus::run {
 
 namespace {
 constexpr std::chrono::milliseconds kSlice{100};
+}  // namespace
 
 // The job token the store is guarded with: CHORUS_JOB_TOKEN when set, else the rdzv id,
-// the rule by which the workers get theirs (worker_env in supervisor.cc).
+// the rule by which the workers get theirs (worker_env in attempt.cc).
 std::string job_token(const LaunchOptions& options) {
   std::string token = settings::job_token();
   return token.empty() ? options.rdzv_id : token;
@@ -37,9 +38,10 @@ uint16_t pick_worker_port(const std::string& host) {
   return port;  // free on `host` at least; a clash shows in the program's own error
 }
 
-std::string worker_port_key(int round) { return "round/" + std::to_string(round) + "/worker_port"; }
-
 std::string rdzv_prefix(const LaunchOptions& options) { return "chorusrun/" + options.rdzv_id; }
+
+namespace {
+std::string worker_port_key(int round) { return "round/" + std::to_string(round) + "/worker_port"; }
 }  // namespace
 
 LauncherRendezvous::LauncherRendezvous(const LaunchOptions& options,
@@ -58,11 +60,15 @@ LauncherRendezvous::LauncherRendezvous(const LaunchOptions& options,
                                         token);
   store_ = std::make_shared<PrefixStore>(rdzv_prefix(options), tcp);
   store_->set_timeout(connect_timeout);
-  liveness_ = std::make_unique<Liveness>(options, token, rdzv_prefix(options), connect_timeout,
-                                         heartbeat);
+  liveness_ = std::make_unique<Liveness>(options, options.node_rank, token, rdzv_prefix(options),
+                                         connect_timeout, heartbeat);
 }
 
-LauncherRendezvous::~LauncherRendezvous() = default;
+LauncherRendezvous::~LauncherRendezvous() {
+  // The store's clients go before the server this node may host.
+  liveness_.reset();
+  store_.reset();
+}
 
 std::vector<std::string> LauncherRendezvous::node_keys(const std::string& prefix) const {
   std::vector<std::string> keys;
@@ -108,8 +114,8 @@ bool LauncherRendezvous::wait_all_keys(const std::string& what,
 }
 
 bool LauncherRendezvous::join(const std::function<bool()>& interrupted) {
-  // "NPROC HOST": ranks are laid out as node_rank * nproc + local_rank, which needs
-  // the same number of workers on every node.
+  // "NPROC HOST": nodes may start different numbers of workers; ranks are laid out in
+  // node order.
   store_->set("node/" + std::to_string(options_.node_rank),
               std::to_string(options_.nproc_per_node) + " " + net::hostname());
   auto keys = node_keys("node/");
@@ -120,19 +126,12 @@ bool LauncherRendezvous::join(const std::function<bool()>& interrupted) {
   store_->base()->set_timeout(bounded);  // the calls that do not wait on keys use this one
   store_->set_timeout(bounded);
   hosts_.clear();
+  nprocs_.clear();
   for (size_t k = 0; k < keys.size(); ++k) {
     std::string value = store_->get_string(keys[k]);
     size_t space = value.find(' ');
-    std::string nproc = value.substr(0, space);
+    nprocs_.push_back(std::max(1, std::atoi(value.substr(0, space).c_str())));
     hosts_.push_back(space == std::string::npos ? "" : value.substr(space + 1));
-    if (nproc != std::to_string(options_.nproc_per_node)) {
-      leave(std::chrono::seconds(5));  // node 0 keeps the store up until the others know
-      throw InvalidArgumentError(
-          "--nproc-per-node differs between nodes: node " + std::to_string(k) + " (host " +
-          hosts_.back() + ") has " + nproc + ", node " + std::to_string(options_.node_rank) +
-          " has " + std::to_string(options_.nproc_per_node) +
-          "; every node must start the same number of workers");
-    }
   }
   liveness_->watch(hosts_);
   return true;
@@ -161,18 +160,6 @@ uint16_t LauncherRendezvous::worker_port(int round) {
                                std::to_string(round) + " ('" + text + "')");
   }
   return static_cast<uint16_t>(port);
-}
-
-std::string LauncherRendezvous::report_failure(int round, const std::string& failure) {
-  std::string key = "round/" + std::to_string(round) + "/failure";
-  Bytes stands = store_->compare_set(key, Bytes(), Bytes(failure.begin(), failure.end()));
-  return std::string(stands.begin(), stands.end());
-}
-
-std::optional<std::string> LauncherRendezvous::failure(int round) {
-  std::string key = "round/" + std::to_string(round) + "/failure";
-  if (!store_->check({key})) return std::nullopt;
-  return store_->get_string(key);
 }
 
 void LauncherRendezvous::report_done(int round) {

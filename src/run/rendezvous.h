@@ -29,32 +29,34 @@
 
 #include "chorus/store.h"
 #include "comm/common/deadline.h"
+#include "run/attempt.h"
 #include "run/liveness.h"
 #include "run/options.h"
 
 namespace chorus::run {
 
-class LauncherRendezvous {
+// The job token the store is guarded with: CHORUS_JOB_TOKEN, else the rdzv id.
+std::string job_token(const LaunchOptions& options);
+// "chorusrun/<rdzv id>", the prefix of the launchers' keys.
+std::string rdzv_prefix(const LaunchOptions& options);
+// A port free on `host` and on the wildcard address at this moment (the workers'
+// MASTER_PORT of an attempt).
+uint16_t pick_worker_port(const std::string& host);
+
+class LauncherRendezvous : public RoundControl {
  public:
   // Node 0 starts the store server on master_addr:master_port (throws SystemError
   // naming address:port when that fails); every node connects to it.
   LauncherRendezvous(const LaunchOptions& options, std::chrono::milliseconds connect_timeout);
-  ~LauncherRendezvous();
+  ~LauncherRendezvous() override;
 
   // Registers this node and waits until all nodes have. `interrupted` returning true
   // stops the wait (returns false). Then the launchers watch each other (liveness.h).
   // From here on, store calls are bounded by the heartbeat timeout.
   bool join(const std::function<bool()>& interrupted);
   const std::vector<std::string>& node_hosts() const { return hosts_; }
-
-  // A launcher found lost (launcher_lost_report's JSON text), if any. Never waits.
-  std::optional<std::string> lost() const { return liveness_->lost(); }
-  // lost(), after a full round of liveness checks that started after this call.
-  std::optional<std::string> settle_lost() { return liveness_->settle(); }
-  // Converts a store call's failure on this node into node 0's loss (not on node 0).
-  std::optional<std::string> store_failed(const std::exception& e) {
-    return liveness_->store_failed(e);
-  }
+  // Each node's --nproc-per-node, by node rank (after join()).
+  const std::vector<int>& node_nprocs() const { return nprocs_; }
 
   // Barrier before attempt `round`; false when interrupted or a launcher was lost.
   // Node 0 first picks the attempt's worker port — a port free on master_addr, and on
@@ -64,14 +66,8 @@ class LauncherRendezvous {
   // The MASTER_PORT of attempt `round`'s workers; call after ready(round) returned true.
   uint16_t worker_port(int round);
 
-  // Publishes `failure` (JSON text) as the first failure of `round` unless another node
-  // was first. Returns the one that stands.
-  std::string report_failure(int round, const std::string& failure);
-  // The failure of `round`, if any node reported one. Never waits.
-  std::optional<std::string> failure(int round);
-
-  void report_done(int round);
-  bool all_done(int round);
+  void report_done(int round) override;
+  bool all_done(int round) override;
 
   // Says this node is leaving; on node 0 also waits (up to `linger`) until every other
   // node has left or its connection has closed, so that they can still read the store.
@@ -88,9 +84,8 @@ class LauncherRendezvous {
   const LaunchOptions& options_;
   std::chrono::milliseconds connect_timeout_;
   std::unique_ptr<TcpStoreServer> server_;
-  std::shared_ptr<PrefixStore> store_;
-  std::unique_ptr<Liveness> liveness_;
   std::vector<std::string> hosts_;
+  std::vector<int> nprocs_;
 };
 
 }  // namespace chorus::run

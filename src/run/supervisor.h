@@ -14,4 +14,9 @@ namespace chorus::run {
 // printed to stderr.
 int run_job(const LaunchOptions& options);
 
+// Sets CHORUS_JOB_TOKEN for this process and its workers when the user set none: a
+// random one for a standalone job; a multi-node job keeps the rdzv id (with a warning
+// when that is the default).
+void choose_job_token(const LaunchOptions& options);
+
 }  // namespace chorus::run

@@ -267,17 +267,26 @@ TEST(Chorusrun, NodesThatNeverComeAreNamed) {
   EXPECT_TRUE(contains(n0->stderr_text(), "node(s) 1 of 2 never arrived")) << n0->output_text();
 }
 
-TEST(Chorusrun, DifferentWorkerCountsPerNodeAreRefused) {
+// Nodes with different numbers of workers: ranks in node order (node 1's after node
+// 0's), WORLD_SIZE their sum, LOCAL_WORLD_SIZE each node's own. The simulated nodes
+// have their own identity (CHORUS_NODE_ID), so the forced hierarchical allreduce meets
+// nodes of 2 and 1 ranks, must fall back (Topology::uniform()), and still be right.
+TEST(Chorusrun, DifferentWorkerCountsPerNodeAreLaidOutInNodeOrder) {
   uint16_t port = test::pick_free_port();
-  auto n0 = launcher(node_args(0, port, 2, {}, {"allreduce-loop", "1", "1"}));
-  auto n1 = launcher(node_args(1, port, 1, {}, {"allreduce-loop", "1", "1"}));
-  ASSERT_TRUE(n0->wait_for(30s)) << n0->output_text();
-  ASSERT_TRUE(n1->wait_for(30s)) << n1->output_text();
-  for (Subprocess* n : {n0.get(), n1.get()}) {
-    EXPECT_EQ(n->exit_code(), 1) << n->output_text();
-    EXPECT_TRUE(contains(n->stderr_text(), "--nproc-per-node differs between nodes"))
-        << n->output_text();
-  }
+  auto n0 = launcher(node_args(0, port, 2, {}, {"elastic-round", "0"}),
+                     {{"CHORUS_NODE_ID", "simnodeA"}, {"CHORUS_ALGO", "hier"}});
+  auto n1 = launcher(node_args(1, port, 1, {}, {"elastic-round", "0"}),
+                     {{"CHORUS_NODE_ID", "simnodeB"}, {"CHORUS_ALGO", "hier"}});
+  ASSERT_TRUE(n0->wait_for(60s)) << n0->output_text();
+  ASSERT_TRUE(n1->wait_for(60s)) << n1->output_text();
+  EXPECT_EQ(n0->exit_code(), 0) << n0->output_text() << n1->output_text();
+  EXPECT_EQ(n1->exit_code(), 0) << n0->output_text() << n1->output_text();
+  const std::string out0 = n0->stdout_text(), out1 = n1->stdout_text();
+  EXPECT_TRUE(contains(out0, "rank 0 world 3 local 0/2 group 0/2 restart 0")) << out0;
+  EXPECT_TRUE(contains(out0, "rank 1 world 3 local 1/2 group 0/2 restart 0")) << out0;
+  EXPECT_TRUE(contains(out1, "rank 2 world 3 local 0/1 group 1/2 restart 0")) << out1;
+  EXPECT_EQ(test::occurrences(out0, "allreduced"), 2u) << out0;
+  EXPECT_EQ(test::occurrences(out1, "allreduced"), 1u) << out1;
 }
 
 TEST(Chorusrun, KilledLauncherTakesItsWorkersAlong) {

@@ -67,7 +67,7 @@ TEST(Options, DefaultsWhenOnlyTheProgramIsGiven) {
   EXPECT_TRUE(o.warnings.empty());
   EXPECT_EQ(o.program, "train");
   EXPECT_TRUE(o.program_args.empty());
-  EXPECT_EQ(o.source.size(), 23u);
+  EXPECT_EQ(o.source.size(), 24u);
   for (const auto& [key, source] : o.source) EXPECT_EQ(source, "default") << key;
 }
 
@@ -391,8 +391,32 @@ TEST(Options, StandaloneTakesMasterPortAndWarnsAboutMasterAddr) {
 
 TEST(Options, NodeRangeWithEqualEndsIsThatNumber) {
   EXPECT_EQ(parse({"--nnodes", "2:2", "prog"}).nnodes, 2);
+  EXPECT_EQ(parse({"--nnodes", "2:2", "prog"}).min_nnodes, 2);
+  EXPECT_FALSE(parse({"--nnodes", "2:2", "prog"}).elastic());
+  EXPECT_FALSE(parse({"--nnodes", "3", "prog"}).elastic());
   EXPECT_EQ(parse({"--nnodes=1:1", "prog"}).nnodes, 1);
   EXPECT_EQ(parse({"prog"}, {{"PET_NNODES", "3:3"}}).nnodes, 3);
+}
+
+// An elastic range: MIN and MAX, and the rendezvous timeouts from --rdzv-join-timeout
+// or torchrun's --rdzv-conf (the dedicated option wins).
+TEST(Options, ElasticRangeAndItsTimeouts) {
+  // Only node rank 0 means something (it hosts the store): any other is accepted.
+  EXPECT_EQ(parse({"--nnodes", "2:4", "--node-rank", "9", "prog"}).node_rank, 9);
+  LaunchOptions o = parse({"--nnodes", "2:4", "--node-rank", "3", "prog"});
+  EXPECT_TRUE(o.elastic());
+  EXPECT_EQ(o.min_nnodes, 2);
+  EXPECT_EQ(o.nnodes, 4);
+  EXPECT_EQ(o.join_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(o.last_call, std::chrono::seconds(2));
+  o = parse({"--rdzv-conf", "join_timeout=7.5,last_call_timeout=0", "prog"}, {{"PET_NNODES", "1:2"}});
+  EXPECT_EQ(o.min_nnodes, 1);
+  EXPECT_EQ(o.join_timeout, std::chrono::milliseconds(7500));
+  EXPECT_EQ(o.last_call, std::chrono::milliseconds(0));
+  o = parse({"--rdzv-conf", "join_timeout=7", "--rdzv-join-timeout", "3", "prog"});
+  EXPECT_EQ(o.join_timeout, std::chrono::seconds(3));
+  EXPECT_EQ(parse({"prog"}, {{"CHORUS_RUN_RDZV_JOIN_TIMEOUT", "12"}}).join_timeout,
+            std::chrono::seconds(12));
 }
 
 TEST(Options, EndpointIsTheMasterAddressAndPortAtItsLevel) {
@@ -591,7 +615,6 @@ const ErrorCase kErrorCases[] = {
     {"PetNnodes", {"p"}, {"PET_NNODES=two:", ">= 1"}, {{"PET_NNODES", "two"}}},
     {"PetStandalone", {"p"}, {"PET_STANDALONE=maybe:"}, {{"PET_STANDALONE", "maybe"}}},
     {"PetTeeMapping", {"p"}, {"PET_TEE=0:3:"}, {{"PET_TEE", "0:3"}}},
-    {"NnodesElastic", {"--nnodes", "1:4", "p"}, {"--nnodes 1:4:", "elastic ranges", "not supported yet"}},
     {"NnodesRangeReversed", {"--nnodes", "4:2", "p"}, {"--nnodes 4:2:", "MIN <= MAX"}},
     {"NnodesRangeWord", {"--nnodes", "a:2", "p"}, {"--nnodes a:2:", "MIN <= MAX"}},
     {"NnodesRangeEmptyEnd", {"--nnodes", "2:", "p"}, {"--nnodes 2::", "MIN <= MAX"}},
@@ -599,7 +622,10 @@ const ErrorCase kErrorCases[] = {
     {"BackendEtcdV2", {"--rdzv_backend=etcd-v2", "p"}, {"--rdzv-backend etcd-v2:", "not supported"}},
     {"BackendOther", {"--rdzv-backend", "zookeeper", "p"}, {"--rdzv-backend zookeeper:", "must be static or c10d"}},
     {"BackendVariable", {"p"}, {"PET_RDZV_BACKEND=etcd:"}, {{"PET_RDZV_BACKEND", "etcd"}}},
-    {"RdzvConf", {"--rdzv-conf", "timeout=900", "p"}, {"--rdzv-conf timeout=900:", "not supported", "leave it empty"}},
+    {"RdzvConfUnknown", {"--rdzv-conf", "timeout=900", "p"}, {"--rdzv-conf timeout=900:", "unknown rendezvous setting", "join_timeout="}},
+    {"RdzvConfBadJoin", {"--rdzv-conf", "last_call_timeout=1,join_timeout=soon", "p"}, {"--rdzv-conf join_timeout=soon:", "seconds"}},
+    {"RdzvConfNoValue", {"--rdzv-conf", "join_timeout", "p"}, {"--rdzv-conf join_timeout:", "seconds"}},
+    {"JoinTimeoutZero", {"--rdzv-join-timeout", "0", "p"}, {"--rdzv-join-timeout 0:", "0.1 to 86400"}},
     {"RdzvConfVariable", {"p"}, {"PET_RDZV_CONF=read_timeout=60:"}, {{"PET_RDZV_CONF", "read_timeout=60"}}},
     {"EndpointBadPort", {"--rdzv-endpoint", "h:99999", "p"}, {"--rdzv-endpoint 99999:", "1 to 65535"}},
     {"EndpointNoHost", {"--rdzv-endpoint", ":29400", "p"}, {"--rdzv-endpoint :29400:", "needs a host"}},

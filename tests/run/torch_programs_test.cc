@@ -214,7 +214,7 @@ TEST(TorchPrograms, BadTorchrunValuesExitTwoNamingThem) {
   const Case cases[] = {
       {{"prog"}, {{"MASTER_PORT", "http"}}, "MASTER_PORT=http"},
       {{"prog"}, {{"MASTER_ADDR", "a b"}}, "MASTER_ADDR=\"a b\""},
-      {{"prog"}, {{"PET_NNODES", "1:4"}}, "PET_NNODES=1:4: elastic ranges"},
+      {{"prog"}, {{"PET_NNODES", "4:1"}}, "PET_NNODES=4:1: must be N or MIN:MAX"},
       {{"--rdzv-backend", "etcd", "prog"}, {}, "--rdzv-backend etcd: etcd rendezvous"},
       {{"--rdzv-conf", "timeout=9", "prog"}, {}, "--rdzv-conf timeout=9"},
       {{"-m", "--no-python", "mod"}, {}, "--module"},

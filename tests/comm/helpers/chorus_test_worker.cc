@@ -20,6 +20,14 @@
 //   rank; "started" after op 0 completed. On a chorus::Error it prints
 //   "worker: rank R failed in op I (KIND)" on stderr before the error itself.
 //
+// Usage: chorus_test_worker elastic-round ROUND
+//   For tests/run/elastic_test.cc. Prints its place from the launcher's environment,
+//   "rank R world W local L/LW group G/GW restart C" (stdout), then one checked
+//   allreduce of 16 f32 elements across the world and "allreduced". In a round before
+//   ROUND (CHORUS_RESTART_COUNT < ROUND) it then waits for its launcher to end the round
+//   (sleeps, exiting 1 after 120 s, so that a round nobody ends fails the test); from
+//   ROUND on it exits 0.
+//
 // Exit codes: 0 success; 2 bad command line; 3 chorus::Error (its what() on stderr);
 // 4 any other exception; 5 a wrong result.
 #include <unistd.h>
@@ -100,6 +108,39 @@ int allreduce_loop(long iters, size_t count) {
   std::printf("ok\n");
   std::fflush(stdout);
   return 0;
+}
+
+// ----- elastic-round -----
+
+int elastic_round(long until_round) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "unset");
+  };
+  std::printf("rank %s world %s local %s/%s group %s/%s restart %s\n", env("RANK").c_str(),
+              env("WORLD_SIZE").c_str(), env("LOCAL_RANK").c_str(), env("LOCAL_WORLD_SIZE").c_str(),
+              env("GROUP_RANK").c_str(), env("GROUP_WORLD_SIZE").c_str(),
+              env("CHORUS_RESTART_COUNT").c_str());
+  std::fflush(stdout);
+  auto comm = chorus::Communicator::from_env();
+  const int rank = comm->rank(), size = comm->size();
+  constexpr size_t kCount = 16;
+  std::vector<float> buf(kCount);
+  for (size_t i = 0; i < kCount; ++i) buf[i] = input(rank, i, 0);
+  comm->allreduce(buf.data(), kCount, chorus::DataType::kFloat32, chorus::ReduceOp::kSum).wait();
+  for (size_t i = 0; i < kCount; ++i) {
+    if (buf[i] != expected(size, i, 0)) {
+      std::fprintf(stderr, "worker rank %d: wrong allreduce result at %zu: expected %g, got %g\n",
+                   rank, i, expected(size, i, 0), buf[i]);
+      return 5;
+    }
+  }
+  std::printf("allreduced\n");
+  std::fflush(stdout);
+  const char* restart = std::getenv("CHORUS_RESTART_COUNT");
+  if (restart != nullptr && std::atol(restart) >= until_round) return 0;
+  sleep(120);
+  return 1;
 }
 
 // ----- collectives-loop -----
@@ -279,7 +320,8 @@ int collectives_loop(long iters, size_t max_count, unsigned long seed) {
 int usage() {
   std::fprintf(stderr,
                "usage: chorus_test_worker allreduce-loop ITERS COUNT\n"
-               "       chorus_test_worker collectives-loop ITERS MAX_COUNT SEED\n");
+               "       chorus_test_worker collectives-loop ITERS MAX_COUNT SEED\n"
+               "       chorus_test_worker elastic-round ROUND\n");
   return 2;
 }
 
@@ -293,6 +335,7 @@ int main(int argc, char** argv) {
       return allreduce_loop(std::strtol(argv[2], nullptr, 10),
                             static_cast<size_t>(std::strtoull(argv[3], nullptr, 10)));
     }
+    if (mode == "elastic-round" && argc == 3) return elastic_round(std::strtol(argv[2], nullptr, 10));
     if (mode == "collectives-loop" && argc == 5) {
       const long max_count = std::strtol(argv[3], nullptr, 10);
       if (max_count < 1) return usage();
