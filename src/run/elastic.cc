@@ -45,7 +45,7 @@ ElasticPlan from_json(const std::string& text) {
     return p;
   }
   for (const auto& n : j["nodes"]) {
-    p.nodes.push_back({n["id"].get<int>(), n["nproc"].get<int>(), n["host"].get<std::string>()});
+    p.nodes.push_back({n["id"].get<int>(), n["nproc"].get<int>(), n["host"].get<std::string>(), ""});
   }
   p.restarts = j["restarts"].get<int>();
   p.worker_port = j["worker_port"].get<uint16_t>();
