@@ -4,8 +4,8 @@
 #
 # Three install components, one Debian package each:
 #   runtime  chorus        the programs (chorusrun, chorus-bench, chorus-trace,
-#                          chorus-mnist) and the shared libraries libchorus_comm.so.0.1
-#                          and libchorus_torch.so.0.1
+#                          chorus-mnist) and the shared libraries libchorus_comm.so.0.2
+#                          and libchorus_torch.so.0.2
 #   dev      chorus-dev    include/chorus/, the linker names (.so), libchorus_comm.a,
 #                          lib/cmake/chorus/ and lib/pkgconfig/chorus.pc
 #   python   python3-chorus  the torch.distributed backend, torch_chorus, into
