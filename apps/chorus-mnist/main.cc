@@ -92,8 +92,10 @@ class MetricsFile {
 
 // --sample-log: every rank appends one line per step, "epoch E step S rank R world W
 // indices I,I,...", S counting optimizer steps over the whole run (1 for the first).
-// Each line is one write() to a file opened O_APPEND, so the ranks' lines never mix,
-// and a resumed job adds to what the job before it wrote.
+// A line is written as the step begins: a step that completed is logged by every rank,
+// one that did not (past the checkpoint a restart resumes from) maybe by some. Each line
+// is one write() to a file opened O_APPEND, so the ranks' lines never mix, and a resumed
+// job adds to what the job before it wrote.
 class SampleLog {
  public:
   // "" when `path` could be opened, else why not.
@@ -346,6 +348,9 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
     auto tick = Clock::now();  // the end of the previous step
     while (auto b = loader.next()) {
       const auto step_start = Clock::now();
+      // Logged before the step: a rank killed once its gradients were allreduced would
+      // otherwise leave no line for a step the others completed and checkpointed.
+      sample_log.write(epoch, state.step + 1, rank, world, order, sampler.position(), b->size());
       torch::Tensor loss =
           torch::nn::functional::cross_entropy(ddp.forward(model, b->data), b->target);
       optimizer.zero_grad();
@@ -361,7 +366,6 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
       interval.step_s += step_s;
       interval.wait_s += ddp_stats.wait_seconds;
       interval.backward_s += ddp_stats.backward_seconds;
-      sample_log.write(epoch, state.step + 1, rank, world, order, sampler.position(), b->size());
       sampler.advance(b->size());
       ++state.step;
       if (state.step <= a.warmup_steps) {
