@@ -150,17 +150,16 @@ chorus_bench() {
 run_chorus() { chorus_bench chorus "$@"; }
 run_shared() { chorus_bench shared --buffers shared "$@"; }
 
-run_memcpy() {
-  local rc=0
-  timeout -k 10 "$timeout_s" "$MEMCPY_BENCH" "$@" >>"$WORK/memcpy.out" 2>>"$WORK/memcpy.log" || rc=$?
-  ((rc == 0)) || fail_run memcpy "$rc" "$WORK/memcpy.log"
+# copy_bench NAME ARGS...: memcpy-bench with ARGS, its output in $WORK/NAME.out.
+copy_bench() {
+  local name=$1 rc=0
+  shift
+  timeout -k 10 "$timeout_s" "$MEMCPY_BENCH" "$@" >>"$WORK/$name.out" 2>>"$WORK/$name.log" || rc=$?
+  ((rc == 0)) || fail_run "$name" "$rc" "$WORK/$name.log"
 }
 
-run_xcore() {
-  local rc=0
-  timeout -k 10 "$timeout_s" "$MEMCPY_BENCH" -x 1 "$@" >>"$WORK/xcore.out" 2>>"$WORK/xcore.log" || rc=$?
-  ((rc == 0)) || fail_run xcore "$rc" "$WORK/xcore.log"
-}
+run_memcpy() { copy_bench memcpy "$@"; }
+run_xcore() { copy_bench xcore -x 1 "$@"; }
 
 run_mpi() {
   local rc=0

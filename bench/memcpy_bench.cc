@@ -137,45 +137,40 @@ double cross_core_us(const Options& o, std::pair<int, int> cpus, size_t bytes, c
   return timed_us / static_cast<double>(o.iters);
 }
 
+// Microseconds per copy of `bytes` from src to dst by this thread, averaged over
+// `iters` back-to-back copies after `warmup`.
+double one_process_us(const Options& o, size_t bytes, const unsigned char* src, unsigned char* dst) {
+  for (size_t i = 0; i < o.warmup; ++i) {
+    std::memcpy(dst, src, bytes);
+    clobber(dst);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < o.iters; ++i) {
+    std::memcpy(dst, src, bytes);
+    clobber(dst);
+  }
+  const std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / static_cast<double>(o.iters);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = parse_options(argc, argv);
-  if (o.cross) {
-    const std::pair<int, int> cpus = two_cpus();  // before this thread is pinned to the first
-    std::vector<unsigned char> src(o.max_bytes), from(o.max_bytes, 0), dst(o.max_bytes, 0);
-    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
-    std::printf("# memcpy across cores, 2 threads: size_bytes time_us wrong_bytes\n");
-    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
-      const double us = cross_core_us(o, cpus, bytes, src.data(), from.data(), dst.data());
-      size_t wrong = 0;
-      for (size_t i = 0; i < bytes; ++i) wrong += dst[i] != src[i];
-      std::printf("%zu %.6f %zu\n", bytes, us, wrong);
-      std::fflush(stdout);
-      std::memset(dst.data(), 0, bytes);
-      if (bytes > o.max_bytes / o.factor) break;
-    }
-    return 0;
-  }
+  // -x 1: the CPUs are read before this thread is pinned to the first of them.
+  const std::pair<int, int> cpus = o.cross ? two_cpus() : std::pair<int, int>{};
   // Distinct values in both buffers, so that a copy that did not happen shows.
-  std::vector<unsigned char> src(o.max_bytes), dst(o.max_bytes, 0);
+  std::vector<unsigned char> src(o.max_bytes), dst(o.max_bytes, 0), from(o.cross ? o.max_bytes : 0, 0);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
-  std::printf("# memcpy, 1 process: size_bytes time_us wrong_bytes\n");
+  std::printf(o.cross ? "# memcpy across cores, 2 threads: size_bytes time_us wrong_bytes\n"
+                      : "# memcpy, 1 process: size_bytes time_us wrong_bytes\n");
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
-    for (size_t i = 0; i < o.warmup; ++i) {
-      std::memcpy(dst.data(), src.data(), bytes);
-      clobber(dst.data());
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < o.iters; ++i) {
-      std::memcpy(dst.data(), src.data(), bytes);
-      clobber(dst.data());
-    }
-    const std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
+    const double us = o.cross ? cross_core_us(o, cpus, bytes, src.data(), from.data(), dst.data())
+                              : one_process_us(o, bytes, src.data(), dst.data());
     size_t wrong = 0;
     for (size_t i = 0; i < bytes; ++i) wrong += dst[i] != src[i];
     // Six decimals: a copy of a few bytes takes about a nanosecond.
-    std::printf("%zu %.6f %zu\n", bytes, elapsed.count() / static_cast<double>(o.iters), wrong);
+    std::printf("%zu %.6f %zu\n", bytes, us, wrong);
     std::fflush(stdout);
     std::memset(dst.data(), 0, bytes);  // the next size's check sees only its own copy
     if (bytes > o.max_bytes / o.factor) break;

@@ -73,15 +73,7 @@ struct Job {
     return nodes[k]->wait_for(60s) && nodes[k]->exit_code() == code;
   }
 
-  std::string all_output() const {
-    std::string text;
-    for (size_t k = 0; k < nodes.size(); ++k) {
-      if (!nodes[k]) continue;
-      text += "--- node " + std::to_string(k) + " (" + nodes[k]->status_text() + "):\n" +
-              nodes[k]->output_text();
-    }
-    return text;
-  }
+  std::string all_output() const { return chorus::test::launchers_output(nodes); }
 
   std::string nnodes;
   std::vector<std::string> extra;

@@ -75,14 +75,7 @@ struct Job {
     return true;
   }
 
-  std::string all_output() const {
-    std::string text;
-    for (size_t k = 0; k < nodes.size(); ++k) {
-      text += "--- node " + std::to_string(k) + " (" + nodes[k]->status_text() + "):\n" +
-              nodes[k]->output_text();
-    }
-    return text;
-  }
+  std::string all_output() const { return chorus::test::launchers_output(nodes); }
 
   std::vector<std::unique_ptr<Subprocess>> nodes;
 };

@@ -27,7 +27,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using chorus::mnist_job::LogLine;
 using chorus::mnist_job::make_tiny_dataset;
+using chorus::mnist_job::read_sample_log;
 using chorus::mnist_job::params_by_rank;
 using chorus::test::contains;
 using chorus::test::Subprocess;
@@ -62,40 +64,10 @@ struct ElasticJob {
     args.insert(args.end(), program.begin(), program.end());
     nodes.push_back(chorus::test::start_chorusrun(args, {{"OMP_NUM_THREADS", "1"}}));
   }
-  std::string all_output() const {
-    std::string text;
-    for (size_t k = 0; k < nodes.size(); ++k) {
-      text += "--- node " + std::to_string(k) + " (" + nodes[k]->status_text() + "):\n" +
-              nodes[k]->output_text();
-    }
-    return text;
-  }
+  std::string all_output() const { return chorus::test::launchers_output(nodes); }
   uint16_t port;
   std::vector<std::unique_ptr<Subprocess>> nodes;
 };
-
-struct LogLine {
-  int64_t epoch, step, rank, world;
-  std::vector<int64_t> indices;
-};
-
-// The sample log's lines, in the order they were appended (lines the regex does not
-// match, such as the last one being written, are skipped: the final read checks
-// their count).
-std::vector<LogLine> read_sample_log(const std::string& path) {
-  std::vector<LogLine> lines;
-  std::ifstream in(path);
-  const std::regex re("epoch ([0-9]+) step ([0-9]+) rank ([0-9]+) world ([0-9]+) indices ([0-9,]+)");
-  for (std::string text; std::getline(in, text);) {
-    std::smatch m;
-    if (!std::regex_match(text, m, re)) continue;
-    LogLine line{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), {}};
-    std::stringstream list(m[5]);
-    for (std::string index; std::getline(list, index, ',');) line.indices.push_back(std::stoll(index));
-    lines.push_back(line);
-  }
-  return lines;
-}
 
 size_t count_lines(const std::string& path) {
   std::ifstream in(path);
@@ -109,7 +81,7 @@ template <typename Pred>
 bool log_shows(const std::string& path, Pred done) {
   const auto deadline = Clock::now() + 60s;
   while (Clock::now() < deadline) {
-    if (done(read_sample_log(path))) return true;
+    if (done(read_sample_log(path, /*finished=*/false))) return true;
     std::this_thread::sleep_for(10ms);
   }
   return false;
@@ -169,7 +141,7 @@ TEST(ElasticJob, NodeKilledAtARandomStepFinishesOnTwoWithEverySampleOnceAndTheRe
   // The sample log by rounds (their lines are apart: a round's workers are gone before
   // the next one starts). Each round but the last loses the steps past the checkpoint
   // the next resumed from, which its first step tells.
-  const std::vector<LogLine> lines = read_sample_log(log);
+  const std::vector<LogLine> lines = read_sample_log(log, /*finished=*/false);
   ASSERT_EQ(lines.size(), count_lines(log)) << "a malformed sample log line";
   std::vector<std::vector<LogLine>> rounds;
   for (const LogLine& l : lines) {

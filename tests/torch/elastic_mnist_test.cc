@@ -21,6 +21,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using chorus::mnist_job::job;
+using chorus::mnist_job::LogLine;
+using chorus::mnist_job::read_sample_log;
 using chorus::mnist_job::make_tiny_dataset;
 using chorus::mnist_job::params_by_rank;
 using chorus::test::contains;
@@ -42,27 +44,6 @@ std::string run_job(int ranks, const std::string& data, const std::vector<std::s
   EXPECT_TRUE(run->wait_for(300s)) << run->output_text();
   EXPECT_EQ(run->exit_code(), 0) << run->output_text();
   return run->stdout_text();
-}
-
-struct LogLine {
-  int64_t epoch, step, rank, world;
-  std::vector<int64_t> indices;
-};
-
-std::vector<LogLine> read_sample_log(const std::string& path) {
-  std::vector<LogLine> lines;
-  std::ifstream in(path);
-  const std::regex re("epoch ([0-9]+) step ([0-9]+) rank ([0-9]+) world ([0-9]+) indices ([0-9,]+)");
-  for (std::string text; std::getline(in, text);) {
-    std::smatch m;
-    EXPECT_TRUE(std::regex_match(text, m, re)) << "a malformed sample log line: " << text;
-    if (m.empty()) continue;
-    LogLine line{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), {}};
-    std::stringstream list(m[5]);
-    for (std::string index; std::getline(list, index, ',');) line.indices.push_back(std::stoll(index));
-    lines.push_back(line);
-  }
-  return lines;
 }
 
 // 3 ranks stop after step `stop`, never one with a checkpoint (every 4 steps, and the
@@ -103,7 +84,7 @@ void resume_on_two_after(int stop) {
   std::map<int64_t, std::set<int64_t>> ranks_of_step;
   std::map<int64_t, std::multiset<int64_t>> seen;
   int lost = 0;
-  for (const LogLine& line : read_sample_log(log)) {
+  for (const LogLine& line : read_sample_log(log, /*finished=*/true)) {
     if (line.world == 3 && line.step > saved) {
       ++lost;
       continue;

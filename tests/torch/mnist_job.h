@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -89,6 +91,34 @@ inline std::string make_tiny_dataset(int train, int test) {
   write("train", train);
   write("t10k", test);
   return dir;
+}
+
+// One line of chorus-mnist's --sample-log: the indices a rank used in one step.
+struct LogLine {
+  int64_t epoch, step, rank, world;
+  std::vector<int64_t> indices;
+};
+
+// The sample log's lines, in the order they were appended. `finished`: the job has
+// ended, so every line must be whole (a test failure names one that is not); otherwise
+// a line that does not match, such as the one being written, is skipped.
+inline std::vector<LogLine> read_sample_log(const std::string& path, bool finished) {
+  std::vector<LogLine> lines;
+  std::ifstream in(path);
+  const std::regex re("epoch ([0-9]+) step ([0-9]+) rank ([0-9]+) world ([0-9]+) indices ([0-9,]+)");
+  for (std::string text; std::getline(in, text);) {
+    std::smatch m;
+    const bool whole = std::regex_match(text, m, re);
+    if (finished) {
+      EXPECT_TRUE(whole) << "a malformed sample log line: " << text;
+    }
+    if (!whole) continue;
+    LogLine line{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), {}};
+    std::stringstream list(m[5]);
+    for (std::string index; std::getline(list, index, ',');) line.indices.push_back(std::stoll(index));
+    lines.push_back(line);
+  }
+  return lines;
 }
 
 }  // namespace chorus::mnist_job

@@ -43,6 +43,16 @@ std::vector<std::string> simulated_node_options(int node, uint16_t port, int npr
           "--rdzv-id", "job-" + std::to_string(port)};
 }
 
+std::string launchers_output(const std::vector<std::unique_ptr<Subprocess>>& nodes) {
+  std::string text;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    if (!nodes[k]) continue;
+    text += "--- node " + std::to_string(k) + " (" + nodes[k]->status_text() + "):\n" +
+            nodes[k]->output_text();
+  }
+  return text;
+}
+
 bool process_alive(pid_t pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

@@ -38,6 +38,10 @@ std::unique_ptr<Subprocess> start_chorusrun(const std::vector<std::string>& args
 // listen on 127.0.0.2 and node 1's on 127.0.0.3; the rdzv id is unique to the port.
 std::vector<std::string> simulated_node_options(int node, uint16_t port, int nproc);
 
+// The status and output of each launcher of a job, node by node (a node not started,
+// a null pointer, is left out): what a test of simulated nodes prints when it fails.
+std::string launchers_output(const std::vector<std::unique_ptr<Subprocess>>& nodes);
+
 // Whether `pid` still runs something; a zombie counts as gone (whether init reaps
 // orphans promptly differs between machines).
 bool process_alive(pid_t pid);
