@@ -91,7 +91,9 @@ class MetricsFile {
 };
 
 // --sample-log: every rank appends one line per step, "epoch E step S rank R world W
-// indices I,I,...", S counting optimizer steps over the whole run (1 for the first).
+// round N indices I,I,...", S counting optimizer steps over the whole run (1 for the
+// first), N the launcher's round (CHORUS_RESTART_COUNT; 0 without it), which tells the
+// lines of a round that lost steps from those of the one that redid them.
 // A line is written as the step begins: a step that completed is logged by every rank,
 // one that did not (past the checkpoint a restart resumes from) maybe by some. Each line
 // is one write() to a file opened O_APPEND, so the ranks' lines never mix, and a resumed
@@ -100,6 +102,8 @@ class SampleLog {
  public:
   // "" when `path` could be opened, else why not.
   std::string open(const std::string& path) {
+    const char* round = std::getenv("CHORUS_RESTART_COUNT");
+    round_ = round != nullptr && *round != '\0' ? round : "0";
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     return fd_ < 0 ? std::strerror(errno) : "";
   }
@@ -112,7 +116,7 @@ class SampleLog {
     if (fd_ < 0) return;
     std::string line = "epoch " + std::to_string(epoch) + " step " + std::to_string(step) +
                        " rank " + std::to_string(rank) + " world " + std::to_string(world) +
-                       " indices ";
+                       " round " + round_ + " indices ";
     for (int64_t k = from; k < from + count; ++k) {
       line += std::to_string(order[k]);
       line += k + 1 < from + count ? ',' : '\n';
@@ -125,6 +129,7 @@ class SampleLog {
 
  private:
   int fd_ = -1;
+  std::string round_;
 };
 
 // Why `state` (a checkpoint) cannot be continued with these arguments, or "". Its
@@ -306,6 +311,18 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
   auto save = [&] {
     if (rank == 0 && !ckpt.empty()) chorus::torch_ext::save_checkpoint(ckpt, *model, optimizer, state);
   };
+  // chorusrun --join-at-checkpoint: after a checkpoint that does not end the run, every
+  // rank asks whether to stop there for a joining node (chorus/elastic.h).
+  chorus::torch_ext::StopAtCheckpoint at_checkpoint(group);
+  auto stop_asked = [&] {
+    if (ckpt.empty() || !at_checkpoint.requested()) return false;
+    if (rank == 0) {
+      std::printf("stopping at the checkpoint of step %lld: chorusrun asked (a node joins)\n",
+                  static_cast<long long>(state.step));
+    }
+    std::fflush(stdout);
+    return true;
+  };
   int64_t trained = 0;
   double train_seconds = 0;
   TestResult last;
@@ -425,7 +442,12 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
           std::fflush(stdout);
         }
       }
-      if (a.checkpoint_interval > 0 && state.step % a.checkpoint_interval == 0) save();
+      const bool run_ends = (a.max_steps > 0 && state.step >= a.max_steps) ||
+                            (epoch + 1 == a.epochs && i >= steps_per_epoch);
+      if (a.checkpoint_interval > 0 && state.step % a.checkpoint_interval == 0) {
+        save();
+        if (!run_ends && stop_asked()) return chorus::kStoppedAtCheckpointStatus;
+      }
       if (a.max_steps > 0 && state.step >= a.max_steps) {
         stop = true;
         break;
@@ -451,6 +473,8 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
                   last.avg_loss);
     }
     std::fflush(stdout);
+    // The epoch's checkpoint, saved before the evaluation.
+    if (!stop && epoch + 1 < a.epochs && stop_asked()) return chorus::kStoppedAtCheckpointStatus;
   }
   std::printf("rank %d params %s\n", rank, chorus::torch_ext::state_checksum(*model, /*with_buffers=*/false).c_str());
   if (rank == 0) {

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "chorus/elastic.h"
 #include "chorus/error.h"
 #include "comm/common/deadline.h"
 #include "comm/common/socket.h"
@@ -117,6 +118,11 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, const Roun
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1, cpus / shape.nproc));
   }
   if (!o.local_addr.empty()) env["CHORUS_IF_IP"] = o.local_addr;
+  if (shape.stop_key.empty()) {
+    env.erase(kStopAtCheckpointKeyVariable);
+  } else {
+    env[kStopAtCheckpointKeyVariable] = shape.stop_key;
+  }
   // A worker's stdout is a pipe to the launcher; this says whether the launcher's is a
   // terminal, so that a program may draw a progress bar (chorus-mnist does).
   if (contains(console_terminals(o), 0)) {
@@ -216,6 +222,12 @@ bool Attempt::step(bool& done_reported, std::optional<json>& outcome) {
   std::vector<WorkerExit> exits = group_.poll(o_.monitor_interval, signals_.fd());
   for (const WorkerExit& e : exits) {
     if (!e.failed()) continue;
+    // Stopped at a checkpoint, as node 0 asked: the round's planned end (node 0 ends it
+    // once every node's workers have), not a failure.
+    if (e.signal == 0 && e.exit_code == kStoppedAtCheckpointStatus && rdzv_.stop_requested(round_)) {
+      stopped_ = true;
+      continue;
+    }
     // A worker that failed because another node's launcher died (its peers went with
     // it) is not the cause: the launchers' checks get a turn to say so first.
     if (auto lost = rdzv_.settle_lost()) {
@@ -252,14 +264,16 @@ bool Attempt::step(bool& done_reported, std::optional<json>& outcome) {
   }
   if (group_.running() == 0) {
     if (!done_reported) {
-      rdzv_.report_done(round_);
+      if (stopped_) {
+        rdzv_.report_stopped(round_);
+      } else {
+        rdzv_.report_done(round_);
+      }
       done_reported = true;
     }
-    if (rdzv_.all_done(round_)) return true;  // outcome stays null: success
+    if (!stopped_ && rdzv_.all_done(round_)) return true;  // outcome stays null: success
   }
   return false;
 }
-
-
 
 }  // namespace chorus::run

@@ -42,6 +42,10 @@ class RoundControl {
   virtual std::optional<std::string> failure(int round);
   virtual void report_done(int round) = 0;
   virtual bool all_done(int round) = 0;
+  // An elastic round whose workers were asked to stop at their next checkpoint
+  // (chorus/elastic.h): whether they were, and this node's report that its workers did.
+  virtual bool stop_requested(int /*round*/) { return false; }
+  virtual void report_stopped(int /*round*/) {}
 
  protected:
   std::shared_ptr<PrefixStore> store_;
@@ -75,6 +79,9 @@ struct RoundShape {
   int rank_base = 0;    // the global rank of this node's local rank 0
   int world_size = 1;   // WORLD_SIZE
   uint16_t worker_port = 0;  // MASTER_PORT
+  // The store key that asks the workers to stop at their next checkpoint (the
+  // kStopAtCheckpointKeyVariable of chorus/elastic.h); empty: not asked for.
+  std::string stop_key;
 };
 
 // This node's workers for one round, each with its complete environment.
@@ -109,6 +116,7 @@ class Attempt {
   WorkerGroup group_;
   int interrupts_ = 0;
   int signal_ = 0;
+  bool stopped_ = false;  // a worker stopped at a checkpoint, as asked
 };
 
 }  // namespace chorus::run

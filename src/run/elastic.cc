@@ -2,6 +2,7 @@
 #include "run/elastic.h"
 
 #include <algorithm>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -34,7 +35,10 @@ json to_json(const ElasticPlan& p) {
   if (p.end) return json{{"end", *p.end}};
   json nodes = json::array();
   for (const ElasticNode& n : p.nodes) nodes.push_back({{"id", n.id}, {"nproc", n.nproc}, {"host", n.host}});
-  return json{{"nodes", nodes}, {"restarts", p.restarts}, {"worker_port", p.worker_port}};
+  return json{{"nodes", nodes},
+              {"restarts", p.restarts},
+              {"worker_port", p.worker_port},
+              {"stop_at_checkpoint", p.stop_at_checkpoint}};
 }
 
 ElasticPlan from_json(const std::string& text) {
@@ -49,6 +53,7 @@ ElasticPlan from_json(const std::string& text) {
   }
   p.restarts = j["restarts"].get<int>();
   p.worker_port = j["worker_port"].get<uint16_t>();
+  p.stop_at_checkpoint = j.value("stop_at_checkpoint", false);
   return p;
 }
 
@@ -176,6 +181,8 @@ ElasticPlan ElasticRendezvous::decide(int round, const std::optional<json>& prev
   plan.nodes = nodes;
   plan.restarts = restarts_;
   plan.worker_port = pick_worker_port(o_.master_addr);
+  plan.stop_at_checkpoint = o_.join_at_checkpoint.count() > 0;
+  pending_join_.reset();
   return plan;
 }
 
@@ -282,6 +289,20 @@ bool ElasticRendezvous::ready(int round, const std::function<bool()>& interrupte
 std::optional<std::string> ElasticRendezvous::failure(int round) {
   if (auto f = RoundControl::failure(round)) return f;
   if (id_ != 0 || static_cast<int>(plan_.nodes.size()) >= o_.nnodes) return std::nullopt;
+  if (pending_join_) {
+    // The workers were asked to stop at their next checkpoint: the round ends once every
+    // node's did, or at the deadline (then as without --join-at-checkpoint).
+    json join = *pending_join_;
+    if (store_->check(plan_keys(round, "stopped/"))) {
+      join["stopped"] = "at_checkpoint";
+    } else if (std::chrono::steady_clock::now() >= stop_deadline_) {
+      join["stopped"] = "timeout";
+      join["wait"] = seconds_text(o_.join_at_checkpoint);
+    } else {
+      return std::nullopt;
+    }
+    return report_failure(round, join.dump());
+  }
   // A launcher that joined after this round was planned, alive: end the round so that
   // the next one admits it (its workers resume from their checkpoint).
   const int count = static_cast<int>(store_->add("members", 0));
@@ -296,9 +317,29 @@ std::optional<std::string> ElasticRendezvous::failure(int round) {
               {"id", id},
               {"host", member(id).host},
               {"time", local_time_text(std::chrono::system_clock::now())}};
-    return report_failure(round, join.dump());
+    if (!plan_.stop_at_checkpoint) return report_failure(round, join.dump());
+    store_->set(round_key(round, "stop-at-checkpoint"), "1");
+    pending_join_ = join;
+    stop_deadline_ = std::chrono::steady_clock::now() + o_.join_at_checkpoint;
+    std::cerr << "chorusrun: a node joined (host " << join.value("host", "")
+              << "): the workers stop at their next checkpoint (--join-at-checkpoint "
+              << seconds_text(o_.join_at_checkpoint) << ")" << std::endl;
+    return std::nullopt;
   }
   return std::nullopt;
+}
+
+bool ElasticRendezvous::stop_requested(int round) {
+  return plan_.stop_at_checkpoint && store_->check({round_key(round, "stop-at-checkpoint")});
+}
+
+void ElasticRendezvous::report_stopped(int round) {
+  store_->set(round_key(round, "stopped/" + std::to_string(id_)), "1");
+}
+
+std::string ElasticRendezvous::stop_key(int round) const {
+  if (!plan_.stop_at_checkpoint) return "";
+  return rdzv_prefix(o_) + "/" + round_key(round, "stop-at-checkpoint");
 }
 
 void ElasticRendezvous::report_done(int round) {

@@ -14,6 +14,9 @@
 //                        ("end": the failure every launcher reports, or kind "finished")
 //   round/<r>/ready/<id>, round/<r>/done/<id>, round/<r>/failure   as in a fixed job
 //   round/<r>/lost       the round's lost launcher (liveness.h)
+//   round/<r>/stop-at-checkpoint   set by node 0 when a node joins, with
+//                        --join-at-checkpoint: the workers stop at their next checkpoint
+//                        (chorus/elastic.h); round/<r>/stopped/<id>: that node's did
 //
 // Round r: node 0 takes the launchers that joined, are alive and were not lost (at least
 // MIN, waiting up to the join timeout for them; before round 0 also up to the last call
@@ -22,6 +25,9 @@
 // node 0, while the round has fewer than MAX nodes — a launcher waiting to be admitted
 // ("join"). Then node 0 decides round r + 1 without the lost or stopped launchers. A
 // failure or loss uses up one of --max-restarts; a join does not (as in torchrun).
+// With --join-at-checkpoint S, node 0 first asks the round's workers to stop at their
+// next checkpoint, and ends the round with the join once every node's workers did, or
+// after S seconds (then they are stopped as without the option).
 #pragma once
 
 #include <chrono>
@@ -52,6 +58,7 @@ struct ElasticPlan {
   std::vector<ElasticNode> nodes;     // by node rank
   int restarts = 0;
   uint16_t worker_port = 0;
+  bool stop_at_checkpoint = false;  // node 0's --join-at-checkpoint is on
   // The node rank of member `id` in this round, -1 when it is not in it.
   int node_of(int id) const;
 };
@@ -85,6 +92,12 @@ class ElasticRendezvous : public RoundControl {
   std::optional<std::string> failure(int round) override;
   void report_done(int round) override;
   bool all_done(int round) override;
+  bool stop_requested(int round) override;
+  void report_stopped(int round) override;
+  // The key of round `round` that asks its workers to stop at their next checkpoint, as
+  // the workers name it (with the rendezvous prefix); empty when the plan does not
+  // ask for that mode.
+  std::string stop_key(int round) const;
 
   // As LauncherRendezvous::leave; node 0 waits for the members still alive.
   void leave(std::chrono::milliseconds linger);
@@ -106,6 +119,10 @@ class ElasticRendezvous : public RoundControl {
   // restarts used.
   std::set<int> excluded_;
   int restarts_ = 0;
+  // Node 0, with --join-at-checkpoint: the join that waits for this round's workers to
+  // stop at their checkpoint, and until when.
+  std::optional<nlohmann::json> pending_join_;
+  std::chrono::steady_clock::time_point stop_deadline_;
 };
 
 // The elastic job's main loop (run_job for o.elastic()).

@@ -30,7 +30,15 @@ std::string describe_round(const ElasticPlan& p) {
 // Why a round ended, for the line that announces the next.
 std::string describe_end(const json& f) {
   const std::string kind = f.value("kind", "");
-  if (kind == "join") return "a node joined (host " + f.value("host", "") + ")";
+  if (kind == "join") {
+    const std::string stopped = f.value("stopped", "");
+    return "a node joined (host " + f.value("host", "") + ")" +
+           (stopped == "at_checkpoint" ? "; the workers stopped at their checkpoint"
+            : stopped == "timeout"
+                ? "; the workers reached no checkpoint within " + f.value("wait", "") +
+                      " s (--join-at-checkpoint) and were stopped"
+                : "");
+  }
   if (kind == "launcher") {
     return "the launcher of node " + std::to_string(f.value("node", -1)) + " (host " +
            f.value("host", "") + ") was lost: " + f.value("how", "");
@@ -119,7 +127,9 @@ int run_elastic_job(const LaunchOptions& o, Signals& signals) {
       }
     } else {
       Attempt attempt(o, rdzv, signals, round, node);
-      failure = attempt.run(worker_specs(o, shape_of(*plan, round, node), base));
+      RoundShape shape = shape_of(*plan, round, node);
+      shape.stop_key = rdzv.stop_key(round);
+      failure = attempt.run(worker_specs(o, shape, base));
       if (attempt.signalled() != 0) stop_signal = attempt.signalled();
     }
     // A launcher lost meanwhile is the cause of the workers' failures, wherever read.

@@ -79,6 +79,10 @@ inline constexpr OptionSpec kOptions[] = {
     {"rdzv-join-timeout", "SECONDS", "30",
      "elastic: how long node 0 waits for MIN nodes (at the start and after a\n"
      "      loss): 0.1..86400"},
+    {"join-at-checkpoint", "SECONDS", "0",
+     "elastic: when a node joins, ask the workers to stop at their next\n"
+     "      checkpoint and wait up to SECONDS for it, then stop them anyway\n"
+     "      (0: stop them at once): 0..86400"},
     {"max-restarts", "N", "0", "times the whole job is restarted after a worker fails", true},
     {"monitor-interval", "SECONDS", "0.1", "how often workers are checked: 0.001..3600", true},
     {"rdzv-id", "ID", "none", "job id, also the job token", true},

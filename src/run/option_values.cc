@@ -159,6 +159,8 @@ void convert_values(const GivenValues& given, int cpus, LaunchOptions& options) 
   const auto join_given = options.join_timeout;
   apply_rdzv_conf(given.at("rdzv_conf"), options);
   if (join_source != kDefault) options.join_timeout = join_given;
+  options.join_at_checkpoint = to_duration(given.at("join_at_checkpoint"), 0, 86400,
+                                           "must be a number of seconds from 0 to 86400");
   options.max_restarts =
       to_int(given.at("max_restarts"), 0, kIntMax, "must be a whole number >= 0");
   options.monitor_interval = to_duration(given.at("monitor_interval"), 0.001, 3600,
@@ -209,6 +211,10 @@ void check_combinations(const GivenValues& given, const LaunchOptions& options) 
     reject(given.at("nproc_per_node"), "with " + reference(given.at("nnodes"), "--nnodes") +
                                            " the world size must be at most " +
                                            std::to_string(kIntMax));
+  }
+  if (options.join_at_checkpoint.count() > 0 && !options.elastic()) {
+    reject(given.at("join_at_checkpoint"),
+           "only an elastic job (--nnodes MIN:MAX with MIN < MAX) admits joining nodes");
   }
   if (options.redirects != Streams::kNone && options.log_dir.empty()) {
     reject(given.at("redirects"), "needs --log-dir (redirected streams go only to log files)");

@@ -60,6 +60,9 @@ struct LaunchOptions {
   // MIN more may come before the first round starts (--rdzv-conf last_call_timeout=).
   std::chrono::milliseconds join_timeout{30000};
   std::chrono::milliseconds last_call{2000};
+  // Elastic: how long node 0 waits, when a node joins, for the workers to stop at their
+  // next checkpoint (--join-at-checkpoint; 0: they are stopped at once). elastic.h.
+  std::chrono::milliseconds join_at_checkpoint{0};
   std::chrono::milliseconds monitor_interval{100};  // --monitor-interval SECONDS (float)
   std::string rdzv_id = "none";    // --rdzv-id: job id, also the job token
   std::string log_dir;             // --log-dir: per-rank log files below it

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -165,6 +166,23 @@ std::optional<TrainingState> load_checkpoint(const std::string& path, torch::nn:
     throw InvalidArgumentError("'" + path + "' is not a checkpoint of this model and optimizer: " +
                                e.what_without_backtrace());
   }
+}
+
+StopAtCheckpoint::StopAtCheckpoint(std::shared_ptr<ProcessGroup> group) : group_(std::move(group)) {
+  const char* key = std::getenv(kStopAtCheckpointKeyVariable);
+  if (key == nullptr || *key == '\0') return;
+  key_ = key;
+  // A client, as every rank but 0 of an env:// job (rank 1 here): the launcher hosts
+  // the store.
+  if (group_->rank() == 0) store_ = store_from_env(/*rank=*/1);
+}
+
+bool StopAtCheckpoint::requested() {
+  if (!enabled()) return false;
+  at::Tensor flag = torch::zeros({1}, torch::kInt32);
+  if (group_->rank() == 0 && store_->check({key_})) flag.fill_(1);
+  group_->broadcast(flag, 0).wait();
+  return flag.item<int32_t>() != 0;
 }
 
 }  // namespace chorus::torch_ext

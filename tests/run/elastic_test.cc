@@ -261,6 +261,35 @@ TEST(Elastic, WorkerFailuresUseUpTheRestarts) {
   }
 }
 
+// --join-at-checkpoint with workers that never stop at a checkpoint (these never look):
+// at its deadline the round ends as without it, and round 1 admits the newcomer.
+TEST(Elastic, JoinAtCheckpointEndsTheRoundAtItsDeadline) {
+  Job job("2:3", {"--rdzv-conf", "last_call_timeout=0", "--join-at-checkpoint", "0.5"});
+  job.start(0, 1, "1");
+  job.start(1, 1, "1");
+  ASSERT_TRUE(job.says(0, "allreduced") && job.says(1, "allreduced")) << job.all_output();
+  job.start(2, 1, "1");
+  for (int k : {0, 1, 2}) {
+    ASSERT_TRUE(job.ends(k, 0)) << job.all_output();
+  }
+  const std::string err = job.nodes[0]->stderr_text();
+  EXPECT_TRUE(contains(err, "the workers stop at their next checkpoint (--join-at-checkpoint 0.5)")) << err;
+  EXPECT_TRUE(contains(err, "the round before ended: a node joined (host " + net::hostname() +
+                                "); the workers reached no checkpoint within 0.5 s "
+                                "(--join-at-checkpoint) and were stopped"))
+      << err;
+  EXPECT_TRUE(contains(job.nodes[2]->stdout_text(), place(2, 3, 0, 1, 2, 3, 1))) << job.all_output();
+}
+
+// The status of workers stopped at a checkpoint (75, chorus/elastic.h) means so only in
+// a round whose workers were asked to stop; otherwise it is a failure like any other.
+TEST(Elastic, StoppedAtCheckpointStatusUnaskedIsAFailure) {
+  Job job("1:2", {"--rdzv-conf", "last_call_timeout=0", "--join-at-checkpoint", "30"});
+  job.start_program(0, 1, {test::scripted_worker_path(), "exit", "75"});
+  ASSERT_TRUE(job.ends(0, 75)) << job.all_output();
+  EXPECT_TRUE(contains(job.nodes[0]->stderr_text(), "ended with exit code 75")) << job.all_output();
+}
+
 // Node 0 hosts the store: its loss ends the job on every other node, elastic or not.
 TEST(Elastic, LostStoreHostEndsTheJob) {
   Job job("2:3", {"--max-restarts", "3", "--rdzv-conf", "last_call_timeout=60"});

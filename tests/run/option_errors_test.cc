@@ -129,6 +129,8 @@ const ErrorCase kErrorCases[] = {
     {"RdzvConfBadJoin", {"--rdzv-conf", "last_call_timeout=1,join_timeout=soon", "p"}, {"--rdzv-conf join_timeout=soon:", "seconds"}},
     {"RdzvConfNoValue", {"--rdzv-conf", "join_timeout", "p"}, {"--rdzv-conf join_timeout:", "seconds"}},
     {"JoinTimeoutZero", {"--rdzv-join-timeout", "0", "p"}, {"--rdzv-join-timeout 0:", "0.1 to 86400"}},
+    {"JoinAtCheckpointFixed", {"--join-at-checkpoint", "5", "p"}, {"--join-at-checkpoint 5:", "only an elastic job"}},
+    {"JoinAtCheckpointNegative", {"--nnodes", "1:2", "--join-at-checkpoint", "-1", "p"}, {"--join-at-checkpoint -1:", "0 to 86400"}},
     {"RdzvConfVariable", {"p"}, {"PET_RDZV_CONF=read_timeout=60:"}, {{"PET_RDZV_CONF", "read_timeout=60"}}},
     {"EndpointBadPort", {"--rdzv-endpoint", "h:99999", "p"}, {"--rdzv-endpoint 99999:", "1 to 65535"}},
     {"EndpointNoHost", {"--rdzv-endpoint", ":29400", "p"}, {"--rdzv-endpoint :29400:", "needs a host"}},

@@ -53,7 +53,7 @@ TEST(Options, DefaultsWhenOnlyTheProgramIsGiven) {
   EXPECT_TRUE(o.warnings.empty());
   EXPECT_EQ(o.program, "train");
   EXPECT_TRUE(o.program_args.empty());
-  EXPECT_EQ(o.source.size(), 24u);
+  EXPECT_EQ(o.source.size(), 25u);
   for (const auto& [key, source] : o.source) EXPECT_EQ(source, "default") << key;
 }
 

@@ -14,21 +14,12 @@
 #include <set>
 #include <sstream>
 
-#include "torch/mnist_job.h"
-#include "util/checks.h"
+#include "torch/elastic_job.h"
 
 namespace {
 
-using namespace std::chrono_literals;
-using chorus::mnist_job::job;
-using chorus::mnist_job::LogLine;
-using chorus::mnist_job::read_sample_log;
-using chorus::mnist_job::make_tiny_dataset;
-using chorus::mnist_job::params_by_rank;
-using chorus::test::contains;
-
-// 960 samples, global batch 96 (32 per rank on 3, 48 on 2): 10 steps per epoch.
-constexpr int kSamples = 960, kGlobalBatch = 96, kStepsPerEpoch = 10, kEpochs = 2;
+// The data set, batch and epochs of elastic_job.h's jobs (kSamples, kGlobalBatch, ...).
+using namespace chorus::elastic_job;
 
 std::vector<std::string> common_args(const std::string& data) {
   return {"--data-dir", data, "--dataset", "mnist", "--batch-size", std::to_string(kGlobalBatch),
@@ -51,9 +42,7 @@ std::string run_job(int ranks, const std::string& data, const std::vector<std::s
 void resume_on_two_after(int stop) {
   const int saved = stop / 4 * 4;
   const std::string data = make_tiny_dataset(kSamples, 96);
-  const std::string dir = testing::TempDir() + "elastic_mnist_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::string dir = fresh_dir("elastic_mnist");
   const std::string log = dir + "/samples.log";
   std::printf("3 ranks stop after step %d, the checkpoint of step %d is resumed on 2\n", stop, saved);
 

@@ -95,7 +95,7 @@ inline std::string make_tiny_dataset(int train, int test) {
 
 // One line of chorus-mnist's --sample-log: the indices a rank used in one step.
 struct LogLine {
-  int64_t epoch, step, rank, world;
+  int64_t epoch, step, rank, world, round;
   std::vector<int64_t> indices;
 };
 
@@ -105,7 +105,8 @@ struct LogLine {
 inline std::vector<LogLine> read_sample_log(const std::string& path, bool finished) {
   std::vector<LogLine> lines;
   std::ifstream in(path);
-  const std::regex re("epoch ([0-9]+) step ([0-9]+) rank ([0-9]+) world ([0-9]+) indices ([0-9,]+)");
+  const std::regex re(
+      "epoch ([0-9]+) step ([0-9]+) rank ([0-9]+) world ([0-9]+) round ([0-9]+) indices ([0-9,]+)");
   for (std::string text; std::getline(in, text);) {
     std::smatch m;
     const bool whole = std::regex_match(text, m, re);
@@ -113,8 +114,8 @@ inline std::vector<LogLine> read_sample_log(const std::string& path, bool finish
       EXPECT_TRUE(whole) << "a malformed sample log line: " << text;
     }
     if (!whole) continue;
-    LogLine line{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), {}};
-    std::stringstream list(m[5]);
+    LogLine line{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5]), {}};
+    std::stringstream list(m[6]);
     for (std::string index; std::getline(list, index, ',');) line.indices.push_back(std::stoll(index));
     lines.push_back(line);
   }

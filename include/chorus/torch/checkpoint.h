@@ -10,8 +10,13 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <optional>
 #include <string>
+
+#include "chorus/elastic.h"
+#include "chorus/store.h"
+#include "chorus/torch/process_group.h"
 
 namespace chorus::torch_ext {
 
@@ -47,5 +52,34 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
 // so a bad one leaves the model untouched; the file is only read, never changed.
 std::optional<TrainingState> load_checkpoint(const std::string& path, torch::nn::Module& model,
                                              torch::optim::Optimizer& optimizer);
+
+// The workers' side of chorusrun --join-at-checkpoint (chorus/elastic.h): whether the
+// launcher asks this round's workers to stop at the checkpoint just saved, so that a
+// joining node is admitted without losing steps. Use:
+//
+//   chorus::torch_ext::StopAtCheckpoint stop(group);
+//   ... every N steps: save_checkpoint(...) on rank 0, then on every rank:
+//   if (stop.requested()) return chorus::kStoppedAtCheckpointStatus;  // exit status
+//
+// Without the variable (not under an elastic chorusrun with the option) it is never
+// requested and costs nothing. With it, rank 0 keeps a connection to the launchers'
+// store, and requested() costs one store lookup on rank 0 and a one-element broadcast.
+class StopAtCheckpoint {
+ public:
+  // Reads kStopAtCheckpointKeyVariable; with it, rank 0 connects to the launchers'
+  // store (CHORUS_STORE_ADDR, CHORUS_STORE_PORT) and throws as TcpStore does when it
+  // cannot.
+  explicit StopAtCheckpoint(std::shared_ptr<ProcessGroup> group);
+  bool enabled() const { return !key_.empty(); }
+  // Collective: every rank calls it at the same point, after the checkpoint was saved
+  // (rank 0's save precedes its lookup, so when any rank learns "stop" the checkpoint is
+  // on disk). True on every rank or on none.
+  bool requested();
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  std::string key_;
+  std::shared_ptr<Store> store_;  // rank 0 only
+};
 
 }  // namespace chorus::torch_ext
