@@ -10,7 +10,9 @@
 //   latest               the number of the latest plan/<r>
 //   plan/<r>             round r, as node 0 decided it (JSON): the nodes in node-rank
 //                        order (node 0, then the others by member id: join order), the
-//                        workers' MASTER_PORT, the restarts used; or the job's end
+//                        workers' MASTER_PORT, the restarts used, whether node 0 has
+//                        --join-at-checkpoint (every node then tells its workers the
+//                        key below); or the job's end
 //                        ("end": the failure every launcher reports, or kind "finished")
 //   round/<r>/ready/<id>, round/<r>/done/<id>, round/<r>/failure   as in a fixed job
 //   round/<r>/lost       the round's lost launcher (liveness.h)

@@ -11,6 +11,7 @@
 //   node do.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -39,11 +40,18 @@ void join_a_running_job(bool at_checkpoint) {
   job.start(1, mnist_args(data, dir), 2);
   ASSERT_TRUE(log_reaches_step(log, join_step)) << job.all_output();
   job.start(2, mnist_args(data, dir), 1);
+  const auto joined = Clock::now();
 
   // Round 1 starts once round 0's workers are gone (rank 0, which saves, is node 0's):
   // the checkpoint is then the one it resumes from, copied before its first own.
   ASSERT_TRUE(job.nodes[0]->wait_for_output("round 1:", 60s)) << job.all_output();
   std::filesystem::copy(dir + "/ckpt", dir + "/ref_ckpt");
+  ASSERT_TRUE(log_shows(log, [](const std::vector<LogLine>& lines) {
+    return !lines.empty() && lines.back().round == 1;
+  })) << job.all_output();
+  std::printf("[ timing ] start of node 2's launcher to round 1's first logged step: %lld ms\n",
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - joined).count()));
   for (int k : {0, 1, 2}) {
     ASSERT_TRUE(job.nodes[k]->wait_for(60s)) << job.all_output();
     EXPECT_EQ(job.nodes[k]->exit_code(), 0) << job.all_output();
