@@ -89,6 +89,15 @@ struct ElasticJob {
   std::vector<std::unique_ptr<Subprocess>> nodes;
 };
 
+// The processes launcher `launcher` started (its workers), from /proc.
+inline std::vector<pid_t> workers_of(pid_t launcher) {
+  std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) +
+                         "/children");
+  std::vector<pid_t> pids;
+  for (pid_t pid = 0; children >> pid;) pids.push_back(pid);
+  return pids;
+}
+
 // Polls the sample log until `done` holds for its lines (true), or 60 s pass.
 template <typename Pred>
 bool log_shows(const std::string& path, Pred done) {

@@ -10,6 +10,7 @@
 // - a fixed job of one node with one worker and one with two trains as 3 ranks of one
 //   node do.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cstdio>
@@ -23,10 +24,13 @@ namespace {
 using namespace chorus::elastic_job;
 
 void join_a_running_job(bool at_checkpoint) {
-  // A step of round 0 at which node 2 comes: early enough that the job has not ended
-  // before node 0 sees it (it ends at step 20).
+  // A step of round 0 at which node 2 comes (the job ends at step 20). Round 0's workers
+  // are held (SIGSTOP) while node 2's launcher starts, so that a slow start does not let
+  // the job run out of steps: until node 0 has asked them to stop at their next
+  // checkpoint, or (stopped at once) until node 2 has joined, when node 0 sees it
+  // within its monitor interval (0.1 s; the job has more than 10 steps left).
   std::mt19937 rng(std::random_device{}());
-  const int join_step = 2 + static_cast<int>(rng() % 10);  // 2..11
+  const int join_step = 2 + static_cast<int>(rng() % 8);  // 2..9
   const std::string data = make_tiny_dataset(kSamples, 96);
   const std::string dir = fresh_dir(at_checkpoint ? "join_at_checkpoint" : "join_at_once");
   const std::string log = dir + "/samples.log";
@@ -39,8 +43,19 @@ void join_a_running_job(bool at_checkpoint) {
   job.start(0, mnist_args(data, dir), 1);
   job.start(1, mnist_args(data, dir), 2);
   ASSERT_TRUE(log_reaches_step(log, join_step)) << job.all_output();
+  std::vector<pid_t> held;
+  for (int k : {0, 1}) {
+    for (pid_t pid : workers_of(job.nodes[k]->pid())) {
+      if (kill(pid, SIGSTOP) == 0) held.push_back(pid);
+    }
+  }
   job.start(2, mnist_args(data, dir), 1);
   const auto joined = Clock::now();
+  const bool seen = at_checkpoint
+                        ? job.nodes[0]->wait_for_output("the workers stop at their next checkpoint", 60s)
+                        : job.nodes[2]->wait_for_output("round 0 runs without this node", 60s);
+  for (pid_t pid : held) kill(pid, SIGCONT);
+  ASSERT_TRUE(seen) << job.all_output();
 
   // Round 1 starts once round 0's workers are gone (rank 0, which saves, is node 0's):
   // the checkpoint is then the one it resumes from, copied before its first own.

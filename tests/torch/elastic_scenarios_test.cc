@@ -25,7 +25,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "torch/elastic_job.h"
@@ -44,15 +43,6 @@ const char* fault_name(Fault f) {
     case Fault::kKillWorker: return "SIGKILL worker";
   }
   return "?";
-}
-
-// The worker of the launcher `launcher` (its only child), 0 when there is none.
-pid_t worker_of(pid_t launcher) {
-  std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) +
-                         "/children");
-  pid_t pid = 0;
-  children >> pid;
-  return pid;
 }
 
 long long ms_between(Clock::time_point a, Clock::time_point b) {
@@ -81,7 +71,8 @@ Outcome run_scenario(int number, Fault fault, int victim, int step, const std::s
     return o;
   }
   const pid_t launcher = job.nodes[victim]->pid();
-  const pid_t target = fault == Fault::kKillWorker ? worker_of(launcher) : launcher;
+  const std::vector<pid_t> workers = workers_of(launcher);
+  const pid_t target = fault != Fault::kKillWorker ? launcher : workers.empty() ? 0 : workers[0];
   if (target <= 0 || kill(target, fault == Fault::kStopLauncher ? SIGTERM : SIGKILL) != 0) {
     ADD_FAILURE() << "no process to strike\n" << job.all_output();
     return o;
