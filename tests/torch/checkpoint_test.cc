@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 
 #include "chorus/error.h"
 #include "chorus/torch/checkpoint.h"
+#include "util/ranks.h"
 
 namespace chorus::torch_ext {
 namespace {
@@ -152,6 +154,45 @@ TEST(Checkpoint, BadOnesAreRefusedByNameLeavingModelAndFileAlone) {
   save_checkpoint(path, *wider, wider_optimizer, TrainingState{});
   expect_refused("another model");
   std::filesystem::remove(path);
+}
+
+// chorusrun --join-at-checkpoint, the workers' side: without the launcher's variable it
+// is never asked for; with it, every rank learns what rank 0 read from the launchers'
+// store (here a TcpStoreServer of the test), before and after another rank sets the key.
+TEST(StopAtCheckpoint, EveryRankLearnsWhatRankZeroReadsInTheLaunchersStore) {
+  TcpStoreServer server("127.0.0.1", 0);
+  ::setenv("CHORUS_STORE_ADDR", "127.0.0.1", 1);
+  ::setenv("CHORUS_STORE_PORT", std::to_string(server.port()).c_str(), 1);
+  ::setenv("CHORUS_STORE_HOSTED", "1", 1);
+  auto on_ranks = [](const std::function<void(int, std::shared_ptr<ProcessGroup>)>& body) {
+    test::run_ranks(3, [&](Communicator& c) {
+      // The harness owns the communicator; wrapped without taking ownership.
+      std::shared_ptr<Communicator> alias(std::shared_ptr<Communicator>(), &c);
+      body(c.rank(), std::make_shared<ProcessGroup>(alias));
+    });
+  };
+  ::unsetenv(kStopAtCheckpointKeyVariable);
+  on_ranks([](int, std::shared_ptr<ProcessGroup> group) {
+    StopAtCheckpoint stop(group);
+    EXPECT_FALSE(stop.enabled());
+    EXPECT_FALSE(stop.requested());
+  });
+  const std::string key = "chorusrun/job/round/0/stop-at-checkpoint";
+  ::setenv(kStopAtCheckpointKeyVariable, key.c_str(), 1);
+  TcpStore launcher("127.0.0.1", server.port(), std::chrono::seconds(10));
+  on_ranks([&](int rank, std::shared_ptr<ProcessGroup> group) {
+    StopAtCheckpoint stop(group);
+    EXPECT_TRUE(stop.enabled());
+    EXPECT_FALSE(stop.requested()) << "rank " << rank;
+    group->barrier().wait();
+    if (rank == 2) launcher.set(key, "1");
+    group->barrier().wait();
+    EXPECT_TRUE(stop.requested()) << "rank " << rank;
+  });
+  for (const char* name : {kStopAtCheckpointKeyVariable, "CHORUS_STORE_ADDR", "CHORUS_STORE_PORT",
+                           "CHORUS_STORE_HOSTED"}) {
+    ::unsetenv(name);
+  }
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ namespace chorus::elastic_job {
 using namespace std::chrono_literals;
 using namespace chorus::mnist_job;  // the data set, the sample log, the checksums
 using Clock = std::chrono::steady_clock;
+using chorus::test::child_pids;  // a launcher's: its workers
 using chorus::test::contains;
 using chorus::test::Subprocess;
 
@@ -89,15 +90,6 @@ struct ElasticJob {
   std::vector<std::unique_ptr<Subprocess>> nodes;
 };
 
-// The processes launcher `launcher` started (its workers), from /proc.
-inline std::vector<pid_t> workers_of(pid_t launcher) {
-  std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) +
-                         "/children");
-  std::vector<pid_t> pids;
-  for (pid_t pid = 0; children >> pid;) pids.push_back(pid);
-  return pids;
-}
-
 // Polls the sample log until `done` holds for its lines (true), or 60 s pass.
 template <typename Pred>
 bool log_shows(const std::string& path, Pred done) {
@@ -117,10 +109,11 @@ inline bool log_reaches_step(const std::string& path, int64_t step) {
 }
 
 // The step a job resumed after, from "resumed from ...: epoch E, step S, ..." (the
-// first such line of `out`), -1 without one.
+// first such line of `out`); 0 without one (it started afresh: a round stopped before
+// its first checkpoint leaves none to the next).
 inline int resumed_step(const std::string& out) {
   std::smatch m;
-  if (!std::regex_search(out, m, std::regex("resumed from [^:]*: epoch [0-9]+, step ([0-9]+),"))) return -1;
+  if (!std::regex_search(out, m, std::regex("resumed from [^:]*: epoch [0-9]+, step ([0-9]+),"))) return 0;
   return std::stoi(m[1]);
 }
 
@@ -188,7 +181,8 @@ inline std::vector<RoundSteps> check_sample_log(const std::string& path) {
 
 // The reference: `ranks` ranks of one standalone launcher restarted from dir/ref_ckpt (a
 // copy of the checkpoint the job resumed from, taken by the test), to the same end.
-// Expects it to resume after step `saved`; returns its parameter checksums by rank.
+// Expects it to resume after step `saved` (0: to start afresh, the copy being empty);
+// returns its parameter checksums by rank.
 inline std::map<int, std::string> reference_params(const std::string& data, const std::string& dir,
                                                    int ranks, int saved) {
   std::vector<std::string> args = mnist_args(data, dir);

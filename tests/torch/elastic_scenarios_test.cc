@@ -71,7 +71,7 @@ Outcome run_scenario(int number, Fault fault, int victim, int step, const std::s
     return o;
   }
   const pid_t launcher = job.nodes[victim]->pid();
-  const std::vector<pid_t> workers = workers_of(launcher);
+  const std::vector<pid_t> workers = child_pids(launcher);
   const pid_t target = fault != Fault::kKillWorker ? launcher : workers.empty() ? 0 : workers[0];
   if (target <= 0 || kill(target, fault == Fault::kStopLauncher ? SIGTERM : SIGKILL) != 0) {
     ADD_FAILURE() << "no process to strike\n" << job.all_output();
@@ -106,7 +106,6 @@ Outcome run_scenario(int number, Fault fault, int victim, int step, const std::s
   EXPECT_TRUE(contains(job.nodes[0]->stderr_text(), "round 1: " + std::to_string(world) + " node(s)"))
       << job.all_output();
   const int saved = resumed_step(job.all_stdout());
-  EXPECT_GE(saved, 0) << job.all_output();
   const std::vector<RoundSteps> rounds = check_sample_log(log);
   if (rounds.size() == 2) {
     EXPECT_EQ(rounds[0].world, 3);
