@@ -240,6 +240,26 @@ SockAddr peer_address(int fd) {
   return a;
 }
 
+namespace {
+
+bool is_loopback(const SockAddr& a) {
+  if (a.family() == AF_INET) {
+    const in_addr_t ip = ntohl(reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr);
+    return (ip >> 24) == 127;
+  }
+  if (a.family() != AF_INET6) return false;
+  const in6_addr& ip = reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr;
+  return IN6_IS_ADDR_LOOPBACK(&ip) || (IN6_IS_ADDR_V4MAPPED(&ip) && ip.s6_addr[12] == 127);
+}
+
+}  // namespace
+
+bool same_host(int fd) {
+  const SockAddr peer = peer_address(fd);
+  if (peer.family() != AF_INET && peer.family() != AF_INET6) return false;
+  return is_loopback(peer) || peer.ip() == local_address(fd).ip();
+}
+
 std::string hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";

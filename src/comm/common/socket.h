@@ -86,6 +86,10 @@ void set_nodelay(int fd);
 // The address the socket is bound to.
 SockAddr local_address(int fd);
 SockAddr peer_address(int fd);
+// Whether a connected inet socket's peer is on this host: its address is a loopback one
+// (127.0.0.0/8, ::1, or 127.x mapped into IPv6) or the socket's own, so that the
+// connection runs over the loopback device. False for other sockets.
+bool same_host(int fd);
 
 // This machine's host name.
 std::string hostname();

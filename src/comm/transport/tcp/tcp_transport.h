@@ -42,4 +42,11 @@ struct TcpOptions {
 std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size,
                                         const TcpOptions& options);
 
+// Defined in mesh.cc, which calls it on every rank's sending stream (`out`, peer.h).
+// Sets a connected socket whose peer is on this host (net::same_host) up for the
+// loopback device: congestion control reno and a fixed send buffer (mesh.cc says why).
+// Returns false, changing nothing, for any other socket. Best effort: a setting the
+// kernel refuses is left as it was.
+bool tune_loopback_stream(int fd);
+
 }  // namespace chorus::transport::tcp
