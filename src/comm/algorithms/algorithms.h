@@ -54,6 +54,16 @@ void finish_average(const Context& ctx, void* buf, size_t count);
 // its segment; ranks are g's local ranks. `avg` divides by ctx.size (the whole
 // communicator's), so that a hierarchical algorithm can leave it to its last step.
 // Blocks of the *_blocks variants are block_begin/block_count(total, local size, r).
+// A small allreduce run at issue (the communicator's inline path, inline_ops.cc):
+// shm_allreduce_small() says whether `bytes` is one chunk reduced whole on this node;
+// _start() copies in, arrives, and finishes when every rank has arrived within `polls`
+// polls (true); otherwise it returns false with the buffer it used in `b`, and _finish()
+// completes the operation later, as shm_allreduce() would have.
+bool shm_allreduce_small(const Tuning& t, const transport::shm::NodeGroup& g, size_t bytes);
+bool shm_allreduce_small_start(const Context& ctx, transport::shm::NodeGroup& g, const void* in,
+                               void* out, size_t count, bool avg, int polls, int& b);
+void shm_allreduce_small_finish(const Context& ctx, transport::shm::NodeGroup& g, int b, void* out,
+                                size_t count, bool avg);
 void shm_allreduce(const Context& ctx, transport::shm::NodeGroup& g, const void* in, void* out,
                    size_t count, bool avg);
 void shm_reduce(const Context& ctx, transport::shm::NodeGroup& g, const void* in, void* out,

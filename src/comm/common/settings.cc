@@ -143,6 +143,12 @@ bool shm_direct() {
   return v == "1";
 }
 
+bool shm_inline() {
+  std::string v = get_env("CHORUS_SHM_INLINE").value_or("1");
+  if (v != "0" && v != "1") throw ConfigError("CHORUS_SHM_INLINE='" + v + "' is not 0 or 1");
+  return v == "1";
+}
+
 std::string node_id() { return get_env("CHORUS_NODE_ID").value_or(""); }
 
 std::string transport() {

@@ -76,6 +76,8 @@ int shm_cma();
 // CHORUS_SHM_DIRECT: 1 (default) or 0; collectives on node-shared buffers take the
 // direct path (include/chorus/shared_memory.h).
 bool shm_direct();
+// CHORUS_SHM_INLINE: 1 (default) or 0; ConfigError otherwise.
+bool shm_inline();
 // CHORUS_DEBUG: OFF (default) | INFO | DETAIL, any case, as TORCH_DISTRIBUTED_DEBUG:
 // INFO makes info the default log level (each communicator then says how it was set
 // up); DETAIL does too, and compares every collective's fingerprint across ranks before

@@ -69,7 +69,11 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
       alg::shared_allreduce(ctx, *ctx.node, in, out, count, ctx.average);
     });
   }
-  return enqueue(shaped(reducing(Collective::kAllreduce, dtype, op), count), [=](const Context& ctx) {
+  const OpSpec s = shaped(reducing(Collective::kAllreduce, dtype, op), count);
+  if (algo == Algorithm::kShmDirect) {
+    if (std::optional<Work> w = allreduce_inline(send, recv, count, s)) return std::move(*w);
+  }
+  return enqueue(s, [=](const Context& ctx) {
     switch (algo) {
       case Algorithm::kRing: return alg::allreduce_ring(ctx, send, recv, count);
       case Algorithm::kHalvingDoubling:

@@ -167,13 +167,24 @@ Work CommunicatorImpl::enqueue(const OpSpec& spec, OpBody body) {
   // Collectives (stream 0) and sends/receives (stream 1) are numbered apart. Under the
   // engine's lock: the flight recorder's slots follow the order of the queue.
   engine_.enqueue(is_p2p(spec.what) ? 1 : 0, [&](uint64_t seq, std::chrono::steady_clock::time_point at) {
-    work = std::make_shared<WorkState>(collective_name(spec.what), seq, weak_from_this());
-    size_t slot =
-        recorder_.enabled() ? recorder_.queued(seq, spec.what, spec.dtype, spec.count, spec.root, at) : 0;
-    unfinished_.fetch_add(1, std::memory_order_acq_rel);
-    return Op{spec, seq, std::move(body), work, slot};
+    Op op = make_op(spec, seq, at, std::move(body));
+    work = op.work;
+    return op;
   });
   return Work(work);
+}
+
+Operation CommunicatorImpl::make_op(const OpSpec& spec, uint64_t seq,
+                                    std::chrono::steady_clock::time_point at, OpBody body,
+                                    bool started) {
+  auto work = std::make_shared<WorkState>(collective_name(spec.what), seq, weak_from_this());
+  size_t slot = 0;
+  if (recorder_.enabled()) {
+    slot = started ? recorder_.started(seq, spec.what, spec.dtype, spec.count, spec.root, at)
+                   : recorder_.queued(seq, spec.what, spec.dtype, spec.count, spec.root, at);
+  }
+  unfinished_.fetch_add(1, std::memory_order_acq_rel);
+  return Op{spec, seq, std::move(body), std::move(work), slot};
 }
 
 void CommunicatorImpl::help(const WorkState& work) { engine_.help(work); }
@@ -227,45 +238,64 @@ transport::Signature signature_of(const OpSpec& spec) {
   return sig;
 }
 
-void CommunicatorImpl::run(Op& op) {
-  if (abort_requested_.load()) return fail_aborted(op);
+transport::OpInfo CommunicatorImpl::op_info(const Op& op, std::chrono::steady_clock::time_point started) const {
   transport::OpInfo info;
   info.name = collective_name(op.spec.what);
   info.code = transport::wire_code(op.spec.what);
   info.seq = op.seq;
   info.kind = is_p2p(op.spec.what) ? transport::FrameKind::kP2P : transport::FrameKind::kCollective;
-  // One reading of the clock for the deadline and the flight recorder.
-  const auto started = std::chrono::steady_clock::now();
   info.deadline = Deadline::at(started + options_.timeout);
   info.sig = signature_of(op.spec);
-  algorithms::Context ctx{*transport_,
-                          rank_,
-                          size_,
-                          op.spec.dtype,
-                          dtype_size(op.spec.dtype),
-                          op.spec.reduces ? reduce_function(op.spec.dtype, op.spec.op) : nullptr,
-                          op.spec.reduces && op.spec.op == ReduceOp::kAvg,
-                          scratch_,
-                          options_.segment_bytes,
-                          topology_,
-                          op.spec.op,
-                          shm_.get(),
-                          op.spec.reduces ? reduce_many_function(op.spec.dtype, op.spec.op)
-                                          : nullptr,
-                          cost_.tuning};
+  return info;
+}
+
+algorithms::Context CommunicatorImpl::context_for(const OpSpec& spec) {
+  return algorithms::Context{*transport_,
+                             rank_,
+                             size_,
+                             spec.dtype,
+                             dtype_size(spec.dtype),
+                             spec.reduces ? reduce_function(spec.dtype, spec.op) : nullptr,
+                             spec.reduces && spec.op == ReduceOp::kAvg,
+                             scratch_,
+                             options_.segment_bytes,
+                             topology_,
+                             spec.op,
+                             shm_.get(),
+                             spec.reduces ? reduce_many_function(spec.dtype, spec.op) : nullptr,
+                             cost_.tuning};
+}
+
+void CommunicatorImpl::run(Op& op) {
+  if (abort_requested_.load()) return fail_aborted(op);
+  algorithms::Context ctx = context_for(op.spec);
+  if (op.begun) {  // begun at issue (issue_inline()), with the deadline it had there
+    execute(op, [&] {
+      op.body(ctx);
+      return true;
+    });
+    return;
+  }
+  // One reading of the clock for the deadline and the flight recorder.
+  const auto started = std::chrono::steady_clock::now();
+  const transport::OpInfo info = op_info(op, started);
   if (recorder_.enabled()) recorder_.running(op.trace_slot, started);
-  try {
+  execute(op, [&] {
     if (options_.check_consistency && !is_p2p(op.spec.what) && size_ > 1) check_consistency(op);
     transport_->begin(info);  // shared memory's too
     op.body(ctx);
-    if (recorder_.enabled()) recorder_.finished(op.trace_slot, "");
-    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
-    op.work->complete(nullptr);
+    return true;
+  });
+}
+
+void CommunicatorImpl::fail(Op& op, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
   } catch (const InvalidArgumentError& e) {
     // Found by all ranks together before any data moved: the communicator stays usable.
     if (recorder_.enabled()) recorder_.finished(op.trace_slot, e.what());
     unfinished_.fetch_sub(1, std::memory_order_acq_rel);
-    op.work->complete(std::current_exception());
+    op.work->complete(error);
   } catch (const std::exception& e) {
     std::string reason = e.what();
     CHORUS_LOG(kError, reason);
@@ -283,8 +313,11 @@ void CommunicatorImpl::run(Op& op) {
     transport_->abort(reason);  // shared memory's first: it tells the local peers at once
     transport_aborted_ = true;
     unfinished_.fetch_sub(1, std::memory_order_acq_rel);
-    if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(std::current_exception());
+    if (dynamic_cast<const Error*>(&e) != nullptr) op.work->complete(error);
     else op.work->complete(std::make_exception_ptr(SystemError(op.work->description() + ": " + reason)));
+  } catch (...) {
+    fail(op, std::make_exception_ptr(SystemError(op.work->description() + " on " + where() +
+                                                 ": failed with an exception of unknown type")));
   }
 }
 

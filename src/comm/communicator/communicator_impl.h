@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,12 @@ struct Operation {
   OpBody body;
   std::shared_ptr<WorkState> work;
   size_t trace_slot = 0;
+  // Begun at issue by the inline path (CommunicatorImpl::issue_inline()), which could
+  // not finish it: `body` is what is left, run without beginning the operation again.
+  bool begun = false;
 };
+
+
 
 class CommunicatorImpl final : public Communicator,
                                public Executor,
@@ -98,6 +104,47 @@ class CommunicatorImpl final : public Communicator,
 
   // Numbers the operation in its stream and queues it in engine_.
   Work enqueue(const OpSpec& spec, OpBody body);
+  // A new operation, recorded and counted as unfinished, its Work not yet completed.
+  // `started`: it runs from `at` on (the inline path), rather than queued at `at`.
+  Op make_op(const OpSpec& spec, uint64_t seq, std::chrono::steady_clock::time_point at, OpBody body,
+             bool started = false);
+  // The inline path, for small collectives on one node in shared memory: when nothing
+  // is queued or running, runs the collective `spec` on the calling thread at once
+  // through `attempt`, which may stop short of waiting for the peers (then what is left
+  // is queued first and finishes as any queued operation would); `work` is its Work.
+  // False: the engine was busy and nothing was issued (enqueue() it).
+  // `attempt(ctx, rest)` returns true when it finished the operation, or false after
+  // setting `rest` to the body that finishes it.
+  template <class Attempt>
+  bool issue_inline(const OpSpec& spec, Work& work, Attempt&& attempt);
+  // Small allreduces' inline path (inline_ops.cc); nullopt where it does not apply.
+  std::optional<Work> allreduce_inline(const void* send, void* recv, size_t count, const OpSpec& spec);
+  // What every run of an operation starts from: its OpInfo (deadline from `started`),
+  // and the context its body runs in.
+  transport::OpInfo op_info(const Op& op, std::chrono::steady_clock::time_point started) const;
+  algorithms::Context context_for(const OpSpec& spec);
+  // Runs `part` (true: the operation is done) and completes the operation, or fails
+  // it and aborts the communicator when `part` throws; false when `part` returned
+  // false (the operation goes on later).
+  // `ended`, when given, is the time the flight recorder gets for a success (the
+  // inline path's, read once).
+  template <class Part>
+  bool execute(Op& op, Part&& part, const std::chrono::steady_clock::time_point* ended = nullptr) {
+    try {
+      if (!part()) return false;
+      if (recorder_.enabled()) {
+        if (ended != nullptr) recorder_.completed(op.trace_slot, *ended);
+        else recorder_.finished(op.trace_slot, "");
+      }
+      unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+      op.work->complete(nullptr);
+    } catch (...) {
+      fail(op, std::current_exception());
+    }
+    return true;
+  }
+  // What execute() does when an operation throws `error`.
+  void fail(Op& op, std::exception_ptr error);
   // ProgressEngine::Runner, on the runner role's holder.
   void run(Op& op) override;
   void on_abort() override;

@@ -67,6 +67,16 @@ std::string default_trace_dir() {
 
 size_t FlightRecorder::queued(uint64_t seq, Collective what, DataType dtype, uint64_t count,
                               int root, Clock::time_point when) {
+  return add(seq, what, dtype, count, root, when, State::kQueued);
+}
+
+size_t FlightRecorder::started(uint64_t seq, Collective what, DataType dtype, uint64_t count,
+                               int root, Clock::time_point when) {
+  return add(seq, what, dtype, count, root, when, State::kRunning);
+}
+
+size_t FlightRecorder::add(uint64_t seq, Collective what, DataType dtype, uint64_t count, int root,
+                           Clock::time_point when, State state) {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t slot = next_id_++;
   Entry& e = at(slot);
@@ -77,8 +87,18 @@ size_t FlightRecorder::queued(uint64_t seq, Collective what, DataType dtype, uin
   e.dtype = dtype;
   e.count = count;
   e.root = root;
+  e.state = state;
   e.queued_at = when;
+  if (state == State::kRunning) e.started_at = when;
   return slot;
+}
+
+void FlightRecorder::completed(size_t slot, Clock::time_point when) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = at(slot);
+  if (e.id != slot + 1) return;
+  e.state = State::kCompleted;
+  e.ended_at = when;
 }
 
 void FlightRecorder::running(size_t slot, Clock::time_point when) {

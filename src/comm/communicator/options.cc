@@ -48,6 +48,7 @@ CommOptions CommOptions::from_env() {
   o.algorithm = parse_algorithm(settings::algorithm());
   o.transport = parse_transport(settings::transport());
   o.shm_direct = settings::shm_direct();
+  o.shm_inline = settings::shm_inline();
   const int cma = settings::shm_cma();
   o.shm_cma = cma == 2 ? CrossMemoryAttach::kAnyNode : cma == 1 ? CrossMemoryAttach::kPairs
                                                            : CrossMemoryAttach::kOff;

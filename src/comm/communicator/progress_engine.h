@@ -33,6 +33,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/common/deadline.h"
 #include "comm/common/event.h"
 #include "comm/communicator/work_state.h"
 
@@ -135,6 +136,40 @@ class ProgressEngine : public ProgressEngineBase {
       queue_.push_back(Queued{make(seq, now), now});
     }
     notify();
+  }
+
+  // An operation run at once by the thread that issues it (the communicator's inline
+  // path): when nothing is queued or running, and no abort or stop is under way, takes
+  // the runner role and calls `make(seq, now)` as enqueue() would (`now` from
+  // coarse_now(): the op is small, and its deadline seconds away), without queueing
+  // what it returns, and returns true. The caller runs the operation and then calls
+  // release_inline(), passing what is left of it when it could not finish, which then
+  // runs before anything issued meanwhile. False: nothing was taken; enqueue() it.
+  template <class Make>
+  bool claim_inline(size_t stream, Make&& make) {
+    if (running_.load(std::memory_order_relaxed)) return false;
+    const Clock::time_point now = coarse_now();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!queue_.empty() || stopping_ || aborted_.load()) return false;
+    bool expected = false;
+    if (!running_.compare_exchange_strong(expected, true, std::memory_order_acquire)) return false;
+    make(next_seq_[stream]++, now);
+    return true;
+  }
+  void release_inline(std::optional<Op> rest, Clock::time_point queued_at) {
+    bool left_behind;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (rest) queue_.push_front(Queued{std::move(*rest), queued_at});
+      left_behind = !queue_.empty();
+    }
+    // Run by the thread that waits for it, as far as the progress thread can tell.
+    helped_streak_.store(helped_streak_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    running_.store(false, std::memory_order_release);
+    // What is left, issued meanwhile, or an abort's on_abort() is the progress
+    // thread's (or a waiting caller's) now.
+    if (aborted_.load()) wake();
+    else if (left_behind) notify();
   }
 
   // Runs queued operations on the calling thread, those before `work` and `work`

@@ -79,18 +79,75 @@ const uint8_t* reduce_shared(const Context& ctx, NodeGroup& g, int b, size_t n, 
   return result;
 }
 
+// The largest chunk a call of `count` elements is cut into, and whether a chunk of
+// `bytes` is reduced whole (every rank reduces all of it from every buffer).
+size_t chunk_bytes_of(const Tuning& t, const NodeGroup& g) {
+  size_t chunk_bytes = g.buffer_bytes();
+  if (g.local_size() == 2) chunk_bytes = std::min(chunk_bytes, t.pair_chunk_bytes);
+  else if (!g.crowded()) chunk_bytes = std::min(chunk_bytes, t.shared_chunk_bytes);
+  return chunk_bytes;
+}
+
+// The reduction of a small allreduce, every rank's data in rank order into `out`: from
+// the arrivals' lines (b < 0) or from every rank's buffer b.
+void reduce_small(const Context& ctx, const NodeGroup& g, int b, size_t n, uint8_t* out, bool avg) {
+  if (b >= 0) {
+    reduce_all(ctx, g, b, 0, n, out);
+  } else {
+    const int p = g.local_size();
+    if (p == 1) std::memcpy(out, g.small_data(0), n * ctx.elem);
+    else ctx.reduce(out, g.small_data(0), g.small_data(1), n);
+    for (int r = 2; r < p; ++r) ctx.reduce(out, out, g.small_data(r), n);
+  }
+  average(ctx, out, n, avg);
+}
+
 }  // namespace
+
+bool shm_allreduce_small(const Tuning& t, const NodeGroup& g, size_t bytes) {
+  if (bytes == 0 || bytes > chunk_bytes_of(t, g)) return false;
+  if (g.local_size() == 2) return bytes <= t.pair_whole_bytes;
+  return bytes <= (g.crowded() ? t.whole_crowded_bytes : g.oversubscribed() ? t.whole_oversubscribed_bytes : t.whole_bytes);
+}
+
+bool shm_allreduce_small_start(const Context& ctx, NodeGroup& g, const void* in, void* out,
+                               size_t count, bool avg, int polls, int& b) {
+  const size_t bytes = count * ctx.elem;
+  g.expect(wire_code(Collective::kAllreduce));
+  if (bytes <= NodeGroup::kSmallBytes) {
+    b = -1;
+    g.arrive_small(in, bytes);
+  } else {
+    b = g.next_buffer();
+    std::memcpy(g.buffer(g.local_rank(), b), in, bytes);
+    g.arrive();
+  }
+  if (!g.poll_all(polls)) return false;
+  reduce_small(ctx, g, b, count, static_cast<uint8_t*>(out), avg);
+  return true;
+}
+
+void shm_allreduce_small_finish(const Context& ctx, NodeGroup& g, int b, void* out, size_t count,
+                                bool avg) {
+  g.wait_all();
+  reduce_small(ctx, g, b, count, static_cast<uint8_t*>(out), avg);
+}
 
 void shm_allreduce(const Context& ctx, NodeGroup& g, const void* in, void* out, size_t count,
                    bool avg) {
   if (count == 0) return;
   const size_t e = ctx.elem;
+  if (shm_allreduce_small(ctx.tuning, g, count * e)) {
+    // The inline path's protocol (the communicator may run either for the same call).
+    int b = 0;
+    if (!shm_allreduce_small_start(ctx, g, in, out, count, avg, 0, b)) {
+      shm_allreduce_small_finish(ctx, g, b, out, count, avg);
+    }
+    return;
+  }
   const int me = g.local_rank();
   const bool pair = g.local_size() == 2, sliced = g.crowded();
-  size_t chunk_bytes = g.buffer_bytes();
-  if (pair) chunk_bytes = std::min(chunk_bytes, ctx.tuning.pair_chunk_bytes);
-  else if (!sliced) chunk_bytes = std::min(chunk_bytes, ctx.tuning.shared_chunk_bytes);
-  const size_t chunk = chunk_bytes / e;
+  const size_t chunk = chunk_bytes_of(ctx.tuning, g) / e;
   const Tuning& t = ctx.tuning;
   const size_t whole_bytes = sliced               ? t.whole_crowded_bytes
                              : g.oversubscribed() ? t.whole_oversubscribed_bytes

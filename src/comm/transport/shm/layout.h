@@ -30,10 +30,10 @@
 namespace chorus::transport::shm {
 
 inline constexpr uint64_t kMagic = 0x6d68732d73756f68ULL;  // "hous-shm"
-inline constexpr uint32_t kVersion = 7;
+inline constexpr uint32_t kVersion = 8;
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr size_t kControlBytes = 1024;
-inline constexpr size_t kReasonBytes = 704;
+inline constexpr size_t kReasonBytes = 640;
 
 enum State : uint32_t { kActive = 0, kClosed = 1, kAborted = 2 };
 
@@ -103,8 +103,13 @@ struct ShmGroup::Header {
 };
 
 struct ShmGroup::Control {
+  // What a waiting peer reads at every phase, in one cache line so that one transfer of
+  // it brings all: a small allreduce's exchange then moves one line each way, as a bare
+  // exchange of a counter does, instead of three (arrival, descriptor, buffer).
   alignas(64) uint64_t arrived;  // last phase this rank reached
-  uint32_t cpu;                  // the CPU it ran on when it last arrived
+  uint64_t fp[2];                // by phase parity: fingerprint of desc[] (fingerprint())
+  uint8_t small[2][NodeGroup::kSmallBytes];  // by phase parity: arrive_small()'s data
+  alignas(64) uint32_t cpu;      // the CPU it ran on when it last arrived
   uint64_t working;              // shared work: 1 + the ticket of the piece it holds; 0: none
   alignas(64) uint32_t state;    // State
   int32_t pid;

@@ -44,6 +44,17 @@ class NodeGroup {
   // local rank has.
   virtual void arrive() = 0;
   virtual void wait_all() = 0;
+  // wait_all() that does not wait: checks at most `polls` times (pausing between, never
+  // yielding or sleeping) whether every local rank has arrived; true once they have (and
+  // then it has done what wait_all() does on the way out). False: wait_all() is still
+  // due for this phase.
+  virtual bool poll_all(int polls) = 0;
+  // A phase that carries up to kSmallBytes of this rank's data with the arrival, in the
+  // cache line the peers read to see it: small_data(i) is local rank i's, from its
+  // arrive_small() of the phase passed last (valid until this rank's next arrival).
+  static constexpr size_t kSmallBytes = 16;
+  virtual void arrive_small(const void* data, size_t bytes) = 0;
+  virtual const uint8_t* small_data(int i) const = 0;
 
   // Shared work: every rank calls begin_work(pieces) with the same count, in the same
   // order, after a phase that all ranks passed and before any rank's next arrival.

@@ -80,6 +80,7 @@ void ShmGroup::check_peers(uint64_t phase, bool liveness) {
 void ShmGroup::check_descriptors() {
   const int parity = static_cast<int>(phase_ & 1);
   for (int i = 0; i < local_size_; ++i) {
+    if (control(i).fp[parity] == desc_fp_) continue;
     const OpDesc& theirs = control(i).desc[parity];
     if (theirs == desc_) continue;
     auto call = [](const OpDesc& d) { return describe_call(d.code, nullptr, d.seq, false, d.sig); };

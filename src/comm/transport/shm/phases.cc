@@ -3,6 +3,8 @@
 // streams borrow (wait_streams).
 #include <sched.h>
 
+#include <cstring>
+
 #include <vector>
 
 #include "chorus/error.h"
@@ -11,6 +13,28 @@
 
 namespace chorus::transport::shm {
 
+namespace {
+
+// A 64-bit digest of a descriptor: what the phases compare (check_descriptors()), read
+// with the arrival in one cache line; the descriptors themselves only when the digests
+// differ, to say how. Two different calls that digest alike (a chance of 2^-64) would
+// not be told apart.
+uint64_t fingerprint(const OpDesc& d) {
+  auto mix = [](uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 29);
+  };
+  uint64_t h = mix(0x6368'6f72'7573ULL, d.seq);
+  h = mix(h, d.sig.count);
+  h = mix(h, static_cast<uint32_t>(d.sig.root));
+  h = mix(h, (uint64_t{d.sig.dtype} << 24) | (uint64_t{d.sig.reduce} << 16) | (uint64_t{d.code} << 8) | d.step);
+  return h;
+}
+
+}  // namespace
+
 void ShmGroup::begin(const OpInfo& op) { op_ = op; }
 
 void ShmGroup::expect(uint8_t step) {
@@ -18,6 +42,7 @@ void ShmGroup::expect(uint8_t step) {
   desc_.sig = op_.sig;
   desc_.code = op_.code;
   desc_.step = step;
+  desc_fp_ = fingerprint(desc_);
   desc_pending_ = true;
   check_pending_ = true;
 }
@@ -32,6 +57,7 @@ void ShmGroup::arrive() {
   Control& mine = control(local_rank_);
   if (desc_pending_) {
     mine.desc[phase_ & 1] = desc_;
+    mine.fp[phase_ & 1] = desc_fp_;
     desc_pending_ = false;
   }
   // Where this rank ran, for waiters that choose between spinning and yielding.
@@ -76,6 +102,26 @@ void ShmGroup::wait_all() {
     check_descriptors();
   }
 }
+
+bool ShmGroup::poll_all(int polls) {
+  const uint64_t phase = phase_;
+  for (int i = 0; !all_arrived(phase); ++i) {
+    if (i >= polls) return false;
+    cpu_relax();
+  }
+  if (check_pending_) {
+    check_pending_ = false;
+    check_descriptors();
+  }
+  return true;
+}
+
+void ShmGroup::arrive_small(const void* data, size_t bytes) {
+  std::memcpy(control(local_rank_).small[(phase_ + 1) & 1], data, bytes);
+  arrive();
+}
+
+const uint8_t* ShmGroup::small_data(int i) const { return control(i).small[phase_ & 1]; }
 
 void ShmGroup::begin_work(uint64_t pieces) {
   work_begin_ = work_end_;

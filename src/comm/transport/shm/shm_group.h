@@ -19,7 +19,11 @@
 // (the call: operation, sequence number and signature, see transport.h; and the step
 // that runs here) across ranks, so that ranks calling different collectives, or the
 // same one with another dtype, count, op or root, fail with a message naming both calls
-// instead of exchanging wrong data. Every rank compares, so every rank fails.
+// instead of exchanging wrong data. Every rank compares, so every rank fails. What the
+// ranks compare is a 64-bit fingerprint of the descriptor, kept with the arrival counter
+// in one cache line (and, for arrive_small(), up to 16 bytes of data), so that a small
+// collective's phase moves one line between cores; the descriptors themselves are read
+// only when fingerprints differ.
 //
 // Point to point: every ordered pair of local ranks has a byte stream in the segment, a
 // ring that only the sender writes and only the receiver reads. ShmTransport
@@ -106,6 +110,9 @@ class ShmGroup final : public NodeGroup {
   void expect(uint8_t step) override;  // the descriptor of begin()'s operation
   void arrive() override;
   void wait_all() override;
+  bool poll_all(int polls) override;
+  void arrive_small(const void* data, size_t bytes) override;
+  const uint8_t* small_data(int i) const override;
   void begin_work(uint64_t pieces) override;  // shared work (see above)
   int64_t take_piece() override;
   void finish_piece() override;
@@ -208,6 +215,7 @@ class ShmGroup final : public NodeGroup {
   uint64_t work_begin_ = 0, work_end_ = 0;  // the current round's pieces, as tickets
   OpInfo op_;
   OpDesc desc_;
+  uint64_t desc_fp_ = 0;        // fingerprint(desc_)
   bool desc_pending_ = false;   // publish desc_ with the next arrival
   bool check_pending_ = false;  // compare descriptors at the next wait_all
   // More local ranks than cores: a spinning rank would take the core from the one it
