@@ -148,7 +148,7 @@ TEST(Liveness, EveryOtherNodeNamesTheLostOne) {
 }
 
 // Workers in a collective: node 1's workers die with their launcher, node 0's fail in
-// the allreduce. The cause is still node 1's launcher. The workers' flight recorders
+// the allreduce or are stopped by their launcher. The cause is still node 1's launcher. The workers' flight recorders
 // write their traces to files in the default directory ($TMPDIR/chorus-traces-<uid>
 // here) and put one line each on the console, naming the file.
 TEST(Liveness, KilledLauncherDuringACollectiveIsTheCause) {
@@ -172,9 +172,10 @@ TEST(Liveness, KilledLauncherDuringACollectiveIsTheCause) {
     std::string text((std::istreambuf_iterator<char>(in)), {});
     EXPECT_TRUE(contains(text, "\"operations\":[")) << path << ":\n" << text;
   }
-  // The workers see their peers die before the launcher has stopped them, so they fail
-  // in the allreduce and write their traces.
-  EXPECT_GE(traces, 1) << err;
+  // Each of node 0's workers leaves its trace, whether its allreduce fails first or its
+  // launcher's SIGTERM comes first (comm/communicator/stop_traces.h): under load the
+  // SIGTERM often wins.
+  EXPECT_EQ(traces, 2) << err;
   // The console: a few lines per worker, no trace.
   EXPECT_FALSE(contains(err, "\"operations\"")) << err;
   EXPECT_LT(test::occurrences(err, "\n"), 20u) << err;

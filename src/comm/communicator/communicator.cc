@@ -9,6 +9,7 @@
 #include "comm/common/socket.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator/cost_model.h"
+#include "comm/communicator/stop_traces.h"
 #include "comm/reduce/reduce.h"
 #include "comm/store/key_ledger.h"
 #include "comm/transport/routed_transport.h"
@@ -76,6 +77,12 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
                                      << algorithm_name(options_.algorithm) << ", reduce kernels "
                                      << reduce_isa_name(reduce_isa()) << ", timeout "
                                      << options_.timeout.count() << " ms");
+  // Last: nothing after it throws, so the destructor, which removes it, runs.
+  if (recorder_.enabled()) {
+    stop_trace_id_ = add_stop_trace([this](const std::string& why) {
+      if (recorder_.recorded() > 0) write_trace(where() + ": " + why);
+    });
+  }
 }
 
 void CommunicatorImpl::finish_creation(KeyLedger& ledger) {
@@ -126,6 +133,8 @@ void CommunicatorImpl::connect_shared_memory(Store& scoped) {
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
+  // First: a SIGTERM's writing thread may be inside write_trace() until this returns.
+  if (stop_trace_id_ != 0) remove_stop_trace(stop_trace_id_);
   // The contract (communicator.h): what is still pending is aborted, not waited for;
   // the peers may never issue it, and waiting lasted up to CHORUS_TIMEOUT.
   const size_t pending = unfinished_.load(std::memory_order_acquire);

@@ -203,8 +203,10 @@ class CommunicatorImpl final : public Communicator,
 
   FlightRecorder recorder_;
   std::atomic<bool> trace_written_{false};
-  // Writes the flight recorder once, on the first failure or abort.
+  // Writes the flight recorder once, on the first failure or abort, or when the
+  // process gets SIGTERM (stop_traces.h) after this communicator issued an operation.
   void write_trace(const std::string& why);
+  uint64_t stop_trace_id_ = 0;  // add_stop_trace()'s, 0 without a flight recorder
 
   uint64_t split_count_ = 0;
   // The queue and the runner role: only the role's holder (the progress thread or a

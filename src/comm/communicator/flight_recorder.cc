@@ -153,6 +153,11 @@ std::string FlightRecorder::json(int rank, int size, const std::string& host,
   return o.str();
 }
 
+uint64_t FlightRecorder::recorded() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_id_;
+}
+
 std::string FlightRecorder::summary() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t kept = std::min<uint64_t>(next_id_, entries_.size());

@@ -1,7 +1,7 @@
 // The flight recorder: each communicator keeps its last N operations (sequence number,
 // collective, dtype, count, root (send/recv: the peer), state, enqueue/start/end times,
-// and the error of a failed one) and writes them out when an operation times out or the
-// communicator is aborted: to CHORUS_TRACE_DIR/chorus_trace_<comm>_rank<R>.json, or to
+// and the error of a failed one) and writes them out when an operation times out, the
+// communicator is aborted, or the process gets SIGTERM (stop_traces.h): to CHORUS_TRACE_DIR/chorus_trace_<comm>_rank<R>.json, or to
 // default_trace_dir() when that is unset. The console gets one line per rank (summary()
 // and the file's path, communicator.cc): a job of a few ranks that lost a node used to
 // print hundreds of lines of JSON there. apps/chorus-trace merges the ranks' files and
@@ -52,6 +52,8 @@ class FlightRecorder {
   // The records, oldest first, as one JSON object with this rank's identity and `why`.
   std::string json(int rank, int size, const std::string& host, const std::string& comm_id,
                    const std::string& why) const;
+  // How many operations were ever recorded.
+  uint64_t recorded() const;
   // "12 operations, the last allreduce #57 (failed)": for the console.
   std::string summary() const;
   // Writes json() to `dir`/chorus_trace_<comm>_rank<R>.json (through a temporary file

@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -262,6 +264,30 @@ TEST(ProcessTest, StoppedRankRunsIntoTheDeadlineNamingIt) {
 
 // A segment whose creator is dead (a job killed while it set up) is removed by the next
 // job on the machine; one whose creator lives is left alone.
+// A rank stopped by SIGTERM (as chorusrun stops its workers when the job fails) while
+// in an allreduce loop writes its flight recorder's trace, naming the signal, and still
+// dies of SIGTERM.
+TEST(ProcessTest, SigtermedRankLeavesItsTrace) {
+  const std::string dir = testing::TempDir() + "chorus_sigterm_traces_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  Job job(2, {"allreduce-loop", "0", "100000"}, {{"CHORUS_TRACE_DIR", dir}});
+  for (int r = 0; r < job.size(); ++r) {
+    ASSERT_TRUE(job.rank(r).wait_for_output("started", seconds(120)))
+        << "rank " << r << " did not start\n" << job.outputs();
+  }
+  ASSERT_EQ(kill(job.rank(0).pid(), SIGTERM), 0);
+  ASSERT_TRUE(job.rank(0).wait_for(seconds(30))) << job.outputs();
+  EXPECT_EQ(job.rank(0).term_signal(), SIGTERM) << job.outputs();
+  const std::string path = dir + "/chorus_trace_world_rank0.json";
+  EXPECT_TRUE(contains(job.rank(0).stderr_text(), "full trace in " + path)) << job.outputs();
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_TRUE(contains(text, "received SIGTERM")) << path << ":\n" << text;
+  EXPECT_TRUE(contains(text, "\"op\":\"allreduce\"")) << path << ":\n" << text;
+  job.kill_all();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ProcessTest, StaleSegmentsOfDeadJobsAreRemoved) {
   pid_t child = fork();
   ASSERT_GE(child, 0);
