@@ -127,7 +127,8 @@ struct Tuning {
   // 0.95,0.93 / 0.95,0.95 / 0.95,0.95 / 0.95,0.93; unpipelined 4 MiB 0.90, 16 MiB 0.85.
   // Over the unshaped veth, best of 3 runs (single runs varied by up to 2x), 256 KiB
   // chunks against none: 1 MiB 1080 against 1112 us, 4 MiB 5370 against 6959 us,
-  // 16 MiB 25.2 against 26.5 ms.
+  // 16 MiB 25.2 against 26.5 ms; from 32 MiB the medians of another 3 runs were 5-17%
+  // slower (128-1024 chunks: performance.md, "The pipelined hierarchical allreduce").
   size_t hier_chunk_bytes = 256 * 1024;
 
   // ---- flat broadcast and reduce over tcp (communicator/selection.cc)
