@@ -168,7 +168,8 @@ void cross_allreduce(const Context& ctx, void* buf, size_t count) {
 // each of L = 2(n-1) chunks in flight, in a fixed order (stage j = 0..L-1, chunk c - j):
 // the order in which the receiver posts its receives, whatever the timing. The sums
 // are therefore the same bytes on every run: chunk boundaries, blocks and the ring's
-// order depend on count, element size, layout and hier_chunk_bytes only.
+// order depend on count, element size, layout, hier_chunk_bytes and hier_max_chunks
+// only.
 //
 // Progress over tcp happens only while a rank waits in the transport, not while it
 // waits in a node phase. Before the node phases of iteration t a rank waits until
@@ -309,7 +310,12 @@ void allreduce_hierarchical(const Context& ctx, const void* in, void* out, size_
   const Topology& t = ctx.topology;
   // Pipelined where there is something to overlap: work inside nodes and a link
   // between them, and at least two chunks.
-  const size_t chunk_count = std::max<size_t>(1, ctx.tuning.hier_chunk_bytes / ctx.elem);
+  // Large calls take larger chunks, at most hier_max_chunks of them: each chunk pays
+  // its node phases, which cost more than they hide where the link is fast (tuning.h).
+  const size_t max_chunks = std::max<size_t>(1, ctx.tuning.hier_max_chunks);
+  const size_t chunk_count =
+      std::max({size_t{1}, ctx.tuning.hier_chunk_bytes / ctx.elem,
+                count / max_chunks + (count % max_chunks != 0)});
   if (t.nodes > 1 && t.local_size > 1 && count > chunk_count) {
     return allreduce_pipelined(ctx, in, out, count, chunk_count);
   }

@@ -130,6 +130,9 @@ struct Tuning {
   // 16 MiB 25.2 against 26.5 ms; from 32 MiB the medians of another 3 runs were 5-17%
   // slower (128-1024 chunks: performance.md, "The pipelined hierarchical allreduce").
   size_t hier_chunk_bytes = 256 * 1024;
+  // At most this many chunks per call (a count, not bytes): larger calls take chunks of
+  // count / hier_max_chunks elements (rounded up). MEASUREMENT
+  size_t hier_max_chunks = 64;
 
   // ---- flat broadcast and reduce over tcp (communicator/selection.cc)
 

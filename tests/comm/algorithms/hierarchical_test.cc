@@ -391,7 +391,7 @@ TEST_P(HierarchicalTest, AllreduceChunks) {
     if (res.checksum != first) res.expect("second run", "differs bitwise from the first");
   };
   run_cases(GetParam(), "allreduce", cases, bound(twice), /*identical_results=*/true,
-            "hier_chunk_bytes=100");
+            "hier_chunk_bytes=100,hier_max_chunks=1000");
 }
 
 // Every root, every dtype on the small counts; the large count (the chain algorithm in
