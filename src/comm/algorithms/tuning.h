@@ -128,17 +128,17 @@ struct Tuning {
   // Over the unshaped veth, best of 3 runs (single runs varied by up to 2x), 256 KiB
   // chunks against none: 1 MiB 1080 against 1112 us, 4 MiB 5370 against 6959 us,
   // 16 MiB 25.2 against 26.5 ms; from 32 MiB the medians of another 3 runs were 5-17%
-  // slower (128-1024 chunks: performance.md, "The pipelined hierarchical allreduce"),
-  // hence hier_max_chunks.
+  // slower (128-1024 chunks: performance.md, "The pipelined hierarchical allreduce");
+  // capping the chunks (hier_max_chunks) made it slower still.
   size_t hier_chunk_bytes = 256 * 1024;
   // At most this many chunks per call (a count, not bytes): larger calls take chunks of
-  // count / hier_max_chunks elements (rounded up), fewer node phases where the wire is
-  // not the limit. Same binary, no cap / 64 / 32, 2 hosts x 2 ranks, median ms: 1 Gbit/s
-  // tbf 16 MiB 149 / 141 / 141, 64 MiB 577 / 564 / 572, 256 MiB 2309 / 2264 / 2372;
-  // unshaped veth (3 runs, single runs spread 1.3-2.2x) 16 MiB 23.8 / 24.6 / 30.0,
-  // 64 MiB 90 / 112 / 113, 128 MiB 169 / 208 / 284, 256 MiB 436 / 387 / 406
-  // (performance.md, "The pipelined hierarchical allreduce").
-  size_t hier_max_chunks = 64;
+  // count / hier_max_chunks elements (rounded up). The default caps nothing below 1 GiB
+  // of f32: a cap did not pay. Same binary, no cap / 64 / 256, 2 hosts x 2 ranks,
+  // median ms: unshaped veth (6 runs / 6 / 3; single runs spread up to 2x) 16 MiB 20.2
+  // / 23.0 / 20.6, 64 MiB 75.6 / 105 / 75.2, 128 MiB 162 / 203 / 204, 256 MiB 336 / 389
+  // / 385; 1 Gbit/s tbf (2 runs, no cap / 64) 64 MiB 577 / 564, 256 MiB 2309 / 2264
+  // (0.93 / 0.95 of the link). Performance.md, "The pipelined hierarchical allreduce".
+  size_t hier_max_chunks = 4096;
 
   // ---- flat broadcast and reduce over tcp (communicator/selection.cc)
 
