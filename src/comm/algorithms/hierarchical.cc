@@ -6,7 +6,9 @@
 // through a SubsetTransport: the ranks of one node ("intra"), or the ranks that have
 // the same local rank on every node ("cross"). The node phases are the functions
 // intra_*; they run the direct shared-memory algorithms where the node's ranks share a
-// segment (ctx.node), else the ring over the node's ranks.
+// segment (ctx.node), else the ring over the node's ranks. Allreduces of more than
+// Tuning::hier_chunk_bytes run the three phases chunk by chunk, overlapped
+// (allreduce_pipelined below).
 //
 // Requires a uniform topology (every node holds the same number of ranks); on any
 // other shape these functions run the flat algorithm instead, so that they are correct
@@ -152,6 +154,149 @@ void cross_allreduce(const Context& ctx, void* buf, size_t count) {
   }
 }
 
+// ---- the pipelined allreduce: chunk by chunk, the levels overlapped
+//
+// Done whole, the node phases run while the link between nodes idles: at 1 Gbit/s, 2
+// hosts x 2 ranks, 16 MiB took 157.6 ms where the wire needs 134.2 (docs/performance.md).
+// Cut into chunks, chunk c+1 is reduced inside the node and chunk c-L distributed there
+// while chunks c-L+1..c cross between nodes.
+//
+// Chunk c's exchange between nodes is a ring allreduce of this rank's block of the chunk
+// among the ranks with its local rank (the cross group of n ranks): 2(n-1) steps of one
+// sub-block each. Step j of chunk c is posted in pipeline iteration c + j and its
+// receive waited for in the next one, so that every iteration sends one sub-block of
+// each of L = 2(n-1) chunks in flight, in a fixed order (stage j = 0..L-1, chunk c - j):
+// the order in which the receiver posts its receives, whatever the timing. The sums
+// are therefore the same bytes on every run: chunk boundaries, blocks and the ring's
+// order depend on count, element size, layout, hier_chunk_bytes and hier_max_chunks
+// only.
+//
+// Progress over tcp happens only while a rank waits in the transport, not while it
+// waits in a node phase. Before the node phases of iteration t a rank waits until
+// its sends of iterations before t have left (reached the kernel): the receiver waits
+// for exactly those in its iteration t before its own node phases, so it reads them,
+// and a rank stuck in a node phase never holds bytes another rank waits for. Sends of
+// iteration t itself may still be queued then; the kernel's socket buffers carry them
+// over the link during the node phases, which is the overlap.
+
+// One chunk of the pipeline: its element range, and this rank's block of it.
+struct Chunk {
+  size_t begin = 0, count = 0;  // elements of the whole buffer
+  size_t block_begin = 0, block_count = 0;  // this rank's block, elements of the buffer
+};
+
+class CrossPipeline {
+ public:
+  CrossPipeline(const Context& ctx, void* out, uint8_t* incoming, size_t max_block)
+      : ctx_(ctx), out_(static_cast<uint8_t*>(out)), incoming_(incoming), max_block_(max_block),
+        cross_(ctx.transport, cross_members(ctx.topology, ctx.topology.local_rank)),
+        n_(cross_.size()), r_(cross_.rank()), recvs_(stages() + 1) {}
+
+  int stages() const { return 2 * (n_ - 1); }
+
+  // Stage j (0..stages()) of chunk c: j > 0 waits for step j-1's receive (posted in
+  // the previous iteration) and reduces it; j < stages() posts step j.
+  void stage(const Chunk& chunk, size_t c, int j) {
+    uint8_t* block = out_ + chunk.block_begin * ctx_.elem;
+    // Reduce-scatter receives land in the chunk's own area, at their sub-block's offset;
+    // the area is reused by chunk c + n, whose first receive comes after chunk c's last.
+    uint8_t* incoming = incoming_ + (c % static_cast<size_t>(n_)) * max_block_;
+    transport::Request& recv = recvs_[c % recvs_.size()];
+    const int rs = n_ - 1;
+    if (j > 0) {
+      cross_.wait(recv);
+      const int s = j - 1;
+      if (s < rs) {
+        auto [off, len] = sub_block(chunk, mod(r_ - s - 2, n_));
+        ctx_.reduce(block + off, block + off, incoming + off, len / ctx_.elem);
+      }
+    }
+    if (j == stages()) return;
+    // Reduce-scatter step j sends sub-block r-j-1 (reduced in step j-1, or the node's
+    // sum for j = 0) and receives r-j-2; allgather step a sends r-a (own, complete
+    // after the reduce-scatter) and receives r-a-1 into place.
+    const bool reducing = j < rs;
+    const int a = j - rs;
+    auto [soff, slen] = sub_block(chunk, reducing ? mod(r_ - j - 1, n_) : mod(r_ - a, n_));
+    auto [roff, rlen] = sub_block(chunk, reducing ? mod(r_ - j - 2, n_) : mod(r_ - a - 1, n_));
+    last_send_ = cross_.isend(mod(r_ + 1, n_), block + soff, slen);
+    sent_ = true;
+    recv = cross_.irecv(mod(r_ - 1, n_), (reducing ? incoming : block) + roff, rlen);
+  }
+
+  // Waits until every send posted before the previous call has left (see above).
+  void flush_previous() {
+    if (has_previous_) cross_.wait(previous_);
+    has_previous_ = sent_;
+    previous_ = last_send_;
+    sent_ = false;
+  }
+
+  void finish() { cross_.wait_all(); }
+
+ private:
+  // Byte offset and length of sub-block k of the chunk's block.
+  std::pair<size_t, size_t> sub_block(const Chunk& chunk, int k) const {
+    return {block_begin(chunk.block_count, n_, k) * ctx_.elem,
+            block_count(chunk.block_count, n_, k) * ctx_.elem};
+  }
+
+  const Context& ctx_;
+  uint8_t* out_;
+  uint8_t* incoming_;
+  size_t max_block_;  // bytes of the largest block: the stride of the receive areas
+  SubsetTransport cross_;
+  int n_, r_;
+  std::vector<transport::Request> recvs_;  // per chunk in flight (c % size): its pending receive
+  transport::Request last_send_, previous_;
+  bool sent_ = false, has_previous_ = false;
+};
+
+void allreduce_pipelined(const Context& ctx, const void* in, void* out, size_t count,
+                         size_t chunk_count) {
+  const Topology& t = ctx.topology;
+  const size_t chunks = (count + chunk_count - 1) / chunk_count;
+  auto chunk_at = [&](size_t c) {
+    Chunk k;
+    k.begin = c * chunk_count;
+    k.count = std::min(chunk_count, count - k.begin);
+    k.block_begin = k.begin + block_begin(k.count, t.local_size, t.local_rank);
+    k.block_count = block_count(k.count, t.local_size, t.local_rank);
+    return k;
+  };
+  auto at = [&](const void* base, size_t index) {
+    return static_cast<const uint8_t*>(base) + index * ctx.elem;
+  };
+  auto* dst = static_cast<uint8_t*>(out);
+  // Node phases: scratch area 0 at most; the receive areas are in area 1.
+  auto reduce_in_node = [&](size_t c) {
+    Chunk k = chunk_at(c);
+    intra_reduce_scatter(ctx, at(in, k.begin), dst + k.begin * ctx.elem, k.count);
+  };
+  auto gather_in_node = [&](size_t c) {
+    Chunk k = chunk_at(c);
+    uint8_t* block = dst + k.block_begin * ctx.elem;
+    finish_average(ctx, block, k.block_count);
+    intra_allgather(ctx, block, dst + k.begin * ctx.elem, k.count);
+  };
+
+  const size_t max_block = block_count(chunk_count, t.local_size, 0) * ctx.elem;
+  uint8_t* incoming = ctx.scratch.get(max_block * t.nodes, 1);
+  CrossPipeline cross(ctx, out, incoming, max_block);
+  const int stages = cross.stages();
+  reduce_in_node(0);
+  for (size_t it = 0; it < chunks + stages; ++it) {
+    for (int j = 0; j <= stages && static_cast<size_t>(j) <= it; ++j) {
+      const size_t c = it - j;
+      if (c < chunks) cross.stage(chunk_at(c), c, j);
+    }
+    cross.flush_previous();
+    if (it >= static_cast<size_t>(stages)) gather_in_node(it - stages);
+    if (it + 1 < chunks) reduce_in_node(it + 1);
+  }
+  cross.finish();
+}
+
 void flat_allgather(const Context& ctx, const void* in, void* out, size_t count) {
   std::vector<size_t> counts(ctx.size, count), displs(ctx.size);
   for (int r = 0; r < ctx.size; ++r) displs[r] = static_cast<size_t>(r) * count;
@@ -163,6 +308,17 @@ void flat_allgather(const Context& ctx, const void* in, void* out, size_t count)
 void allreduce_hierarchical(const Context& ctx, const void* in, void* out, size_t count) {
   if (!hierarchical_shape(ctx)) return allreduce_ring(ctx, in, out, count);
   const Topology& t = ctx.topology;
+  // Pipelined where there is something to overlap: work inside nodes and a link
+  // between them, and at least two chunks.
+  // Large calls take larger chunks, at most hier_max_chunks of them: each chunk pays
+  // its node phases, which cost more than they hide where the link is fast (tuning.h).
+  const size_t max_chunks = std::max<size_t>(1, ctx.tuning.hier_max_chunks);
+  const size_t chunk_count =
+      std::max({size_t{1}, ctx.tuning.hier_chunk_bytes / ctx.elem,
+                count / max_chunks + (count % max_chunks != 0)});
+  if (t.nodes > 1 && t.local_size > 1 && count > chunk_count) {
+    return allreduce_pipelined(ctx, in, out, count, chunk_count);
+  }
   const Blocks blocks(count, t.local_size);
   const size_t mine = blocks.counts[t.local_rank];
   uint8_t* block = static_cast<uint8_t*>(out) + blocks.displs[t.local_rank] * ctx.elem;

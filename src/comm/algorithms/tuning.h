@@ -116,6 +116,29 @@ struct Tuning {
   size_t hier_allreduce_small_bytes = 32 * 1024;
   size_t hier_allreduce_halving_bytes = 1024 * 1024;
   size_t hier_broadcast_small_bytes = 64 * 1024;
+  // Allreduce chunks of the pipeline that overlaps the node phases with the exchange
+  // between nodes (hierarchical.cc: allreduce_pipelined); calls of up to this many
+  // bytes run the phases one after the other, whole. Small chunks leave less work
+  // outside the overlap (the first chunk's reduction and the last one's distribution),
+  // large ones pay fewer phases. 2 hosts x 2 ranks of the namespace cluster, 1 Gbit/s
+  // tbf, share of the link in two runs, chunks of 128 KiB / 256 KiB / 512 KiB / 1 MiB
+  // / 2 MiB: 4 MiB 0.95,0.88 / 0.95,0.95 / 0.94,0.92 / 0.93,0.92 / 0.90,0.84; 16 MiB
+  // 0.95,0.95 / 0.95,0.95 / 0.95,0.95 / 0.94,0.94 / 0.90,0.88; 64 MiB 0.94,0.94 /
+  // 0.95,0.93 / 0.95,0.95 / 0.95,0.95 / 0.95,0.93; unpipelined 4 MiB 0.90, 16 MiB 0.85.
+  // Over the unshaped veth, best of 3 runs (single runs varied by up to 2x), 256 KiB
+  // chunks against none: 1 MiB 1080 against 1112 us, 4 MiB 5370 against 6959 us,
+  // 16 MiB 25.2 against 26.5 ms; from 32 MiB the medians of another 3 runs were 5-17%
+  // slower (128-1024 chunks: performance.md, "The pipelined hierarchical allreduce");
+  // capping the chunks (hier_max_chunks) made it slower still.
+  size_t hier_chunk_bytes = 256 * 1024;
+  // At most this many chunks per call (a count, not bytes): larger calls take chunks of
+  // count / hier_max_chunks elements (rounded up). The default caps nothing below 1 GiB
+  // of f32: a cap did not pay. Same binary, no cap / 64 / 256, 2 hosts x 2 ranks,
+  // median ms: unshaped veth (6 runs / 6 / 3; single runs spread up to 2x) 16 MiB 20.2
+  // / 23.0 / 20.6, 64 MiB 75.6 / 105 / 75.2, 128 MiB 162 / 203 / 204, 256 MiB 336 / 389
+  // / 385; 1 Gbit/s tbf (2 runs, no cap / 64) 64 MiB 577 / 564, 256 MiB 2309 / 2264
+  // (0.93 / 0.95 of the link). Performance.md, "The pipelined hierarchical allreduce".
+  size_t hier_max_chunks = 4096;
 
   // ---- flat broadcast and reduce over tcp (communicator/selection.cc)
 

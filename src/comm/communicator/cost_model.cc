@@ -152,6 +152,8 @@ constexpr TuningKey kTuningKeys[] = {
     {"hier_allreduce_small_bytes", &algorithms::Tuning::hier_allreduce_small_bytes, 0},
     {"hier_allreduce_halving_bytes", &algorithms::Tuning::hier_allreduce_halving_bytes, 0},
     {"hier_broadcast_small_bytes", &algorithms::Tuning::hier_broadcast_small_bytes, 0},
+    {"hier_chunk_bytes", &algorithms::Tuning::hier_chunk_bytes, 1},
+    {"hier_max_chunks", &algorithms::Tuning::hier_max_chunks, 1},
     {"tree_limit_bytes", &algorithms::Tuning::tree_limit_bytes, 0},
     {"pair_rd_max_bytes", &algorithms::Tuning::pair_rd_max_bytes, 0},
 };

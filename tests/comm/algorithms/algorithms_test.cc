@@ -474,6 +474,58 @@ TEST_P(AlgorithmsTest, Hierarchical) {
   }
 }
 
+// The pipelined hierarchical allreduce (chunks of Tuning::hier_chunk_bytes) at its
+// chunk boundaries: chunks of 64 and 100 bytes (16 and 25 f32, 12 f64, 50 bf16, 100 i8:
+// one element per chunk more or less than a multiple of the element), counts below,
+// at and just above one chunk, odd ones that leave a last chunk smaller than the ranks
+// of a node (empty blocks), and many chunks; and with at most 3 chunks, which makes
+// them larger; every shape of the size.
+TEST_P(AlgorithmsTest, HierarchicalChunks) {
+  const size_t counts[] = {0, 1, 7, 16, 17, 33, 1000, 4099};
+  for (const Layout& layout : layouts(GetParam())) {
+    on_ranks(
+        GetParam(),
+        [&](RankContext& rc) {
+          const int rank = rc.rank();
+          // {chunk bytes, most chunks}: no cap, and a cap of 3 chunks (larger chunks
+          // of count / 3 elements, rounded up) from 4099 down to 33 elements.
+          const std::pair<size_t, size_t> chunkings[] = {{64, SIZE_MAX}, {100, SIZE_MAX}, {64, 3}};
+          for (auto [chunk, max_chunks] : chunkings) {
+            alg::Tuning tuning;
+            tuning.hier_chunk_bytes = chunk;
+            tuning.hier_max_chunks = max_chunks;
+            rc.use_tuning(tuning);
+            for (DataType d : {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16,
+                               DataType::kInt8}) {
+              const size_t elem = dtype_size(d);
+              for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+                ReduceExpectation expect(d, op, rc.size());
+                for (size_t n : counts) {
+                  for (bool in_place : {false, true}) {
+                    Bytes in(n * elem), out(n * elem + elem, kSentinelByte);
+                    fill_reduce_input(d, op, rank, in.data(), 0, n);
+                    if (in_place && n > 0) std::memcpy(out.data(), in.data(), n * elem);
+                    alg::allreduce_hierarchical(rc.begin("allreduce", d, true, op, n),
+                                                in_place ? out.data() : in.data(), out.data(), n);
+                    std::string at = where("allreduce_hierarchical", rc, d, op_name(op), n, 0,
+                                           in_place, layout.name + ", chunk " + std::to_string(chunk) +
+                                               ", at most " + std::to_string(max_chunks));
+                    EXPECT_EQ(expect.check(out.data(), 0, n), "") << at;
+                    EXPECT_EQ(check_sentinel(out.data() + n * elem, elem), "") << at;
+                    if (!in_place) {
+                      EXPECT_EQ(check_reduce_input(d, op, rank, in.data(), 0, n), "") << at;
+                    }
+                  }
+                }
+              }
+            }
+          }
+          rc.use_tuning(alg::kDefaultTuning);
+        },
+        layout.node_ids);
+  }
+}
+
 std::string size_name(const testing::TestParamInfo<int>& info) {
   return "size" + std::to_string(info.param);
 }

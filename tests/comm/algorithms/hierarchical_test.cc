@@ -85,17 +85,19 @@ std::vector<Layout> layouts() {
       {"crossed_2x2", {0, 1, 1, 0}, true},
       {"fallback_1x4", {0, 0, 0, 0}, false},
       {"fallback_4x1", {0, 1, 2, 3}, false},
+      {"fallback_3x1", {0, 1, 2}, false},
       {"fallback_3_on_2", {0, 0, 1}, false},
   };
 }
 
 // ----- a group of ranks on simulated nodes -----
 
-CommOptions options_for(const Layout& layout, int rank) {
+CommOptions options_for(const Layout& layout, int rank, const std::string& cost_model) {
   CommOptions options = test::test_options();
   options.algorithm = Algorithm::kHierarchical;
   options.timeout = std::chrono::seconds(60);
   options.node_id = "node" + std::to_string(layout.node_of[rank]);
+  options.cost_model = cost_model;
   return options;
 }
 
@@ -103,7 +105,9 @@ CommOptions options_for(const Layout& layout, int rank) {
 // a failed run.
 class NodeGroup {
  public:
-  explicit NodeGroup(const Layout& layout) : layout_(layout) {}
+  // `cost_model`: CHORUS_COST_MODEL's text for every rank (tuning thresholds).
+  explicit NodeGroup(const Layout& layout, std::string cost_model = "")
+      : layout_(layout), cost_model_(std::move(cost_model)) {}
   ~NodeGroup() { destroy(); }
 
   // Runs body on every rank; throws test::RankFailure if any rank failed.
@@ -130,7 +134,8 @@ class NodeGroup {
     store_ = std::make_shared<InMemoryStore>();
     comms_.assign(layout_.size(), nullptr);
     auto errors = test::run_threads(layout_.size(), [&](int rank) {
-      comms_[rank] = Communicator::create(store_, rank, layout_.size(), options_for(layout_, rank));
+      comms_[rank] = Communicator::create(store_, rank, layout_.size(),
+                                          options_for(layout_, rank, cost_model_));
     });
     for (const auto& error : errors) {
       if (error) {
@@ -149,6 +154,7 @@ class NodeGroup {
   }
 
   Layout layout_;
+  std::string cost_model_;
   std::shared_ptr<InMemoryStore> store_;
   std::vector<std::shared_ptr<Communicator>> comms_;
 };
@@ -198,8 +204,9 @@ class Buffer {
 // Runs every case on one group, back to back (test::run_case_batches), reporting
 // failures with the case and the rank.
 void run_cases(const Layout& layout, const char* collective, const std::vector<Case>& cases,
-               const CaseFn& fn, bool identical_results = false) {
-  NodeGroup group(layout);
+               const CaseFn& fn, bool identical_results = false,
+               const std::string& cost_model = "") {
+  NodeGroup group(layout, cost_model);
   std::vector<std::vector<RankResult>> results(cases.size(),
                                                std::vector<RankResult>(layout.size()));
   int failed_cases = test::run_case_batches(
@@ -359,6 +366,32 @@ TEST_P(HierarchicalTest, Allreduce) {
     cases.push_back(Case{dtype, op, kHuge, true, 0});
   }
   run_cases(GetParam(), "allreduce", cases, bound(allreduce_case), /*identical_results=*/true);
+}
+
+// The pipelined allreduce at its chunk boundaries, through the node's shared memory
+// and tcp: chunks of 100 bytes (25 f32, 12 f64, 50 bf16, 100 i8), counts of no chunk,
+// one chunk, one element more (a last chunk smaller than a node: empty blocks), odd
+// and many chunks. Each case runs twice on the same inputs, which must give the same
+// bytes (the sums' order depends on nothing but the call).
+TEST_P(HierarchicalTest, AllreduceChunks) {
+  std::vector<Case> cases;
+  for (size_t count : {size_t{0}, size_t{1}, size_t{25}, size_t{26}, size_t{33}, size_t{1001},
+                       size_t{4099}}) {
+    for (DataType dtype : {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16,
+                           DataType::kInt8}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        cases.push_back(Case{dtype, op, count, (count + static_cast<size_t>(op)) % 2 == 0, 0});
+      }
+    }
+  }
+  auto twice = [&](const Layout& layout, Communicator& c, const Case& k, RankResult& res) {
+    allreduce_case(layout, c, k, res);
+    const uint64_t first = res.checksum;
+    allreduce_case(layout, c, k, res);
+    if (res.checksum != first) res.expect("second run", "differs bitwise from the first");
+  };
+  run_cases(GetParam(), "allreduce", cases, bound(twice), /*identical_results=*/true,
+            "hier_chunk_bytes=100,hier_max_chunks=1000");
 }
 
 // Every root, every dtype on the small counts; the large count (the chain algorithm in

@@ -54,7 +54,9 @@ algorithms::Context RankContext::begin(const char* name, DataType dtype, bool re
                           segment_bytes,
                           topology_,
                           op,
-                          nullptr};
+                          nullptr,
+                          nullptr,
+                          *tuning_};
   if (reduces) ctx.reduce_many = reduce_many_function(dtype, op);
   return ctx;
 }

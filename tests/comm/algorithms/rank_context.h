@@ -35,11 +35,16 @@ class RankContext {
   int rank() const { return t_.rank(); }
   int size() const { return t_.size(); }
 
+  // The thresholds of the operations begun from now on (must outlive them); the
+  // measured defaults until set.
+  void use_tuning(const algorithms::Tuning& tuning) { tuning_ = &tuning; }
+
  private:
   transport::Transport& t_;
   Topology topology_;
   algorithms::Scratch scratch_;
   uint64_t seq_ = 0;
+  const algorithms::Tuning* tuning_ = &algorithms::kDefaultTuning;
 };
 
 // The deadline of every operation begun by RankContext: far above any healthy
