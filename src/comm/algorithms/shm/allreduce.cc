@@ -79,13 +79,18 @@ const uint8_t* reduce_shared(const Context& ctx, NodeGroup& g, int b, size_t n, 
   return result;
 }
 
-// The largest chunk a call of `count` elements is cut into, and whether a chunk of
-// `bytes` is reduced whole (every rank reduces all of it from every buffer).
+// The largest chunk an allreduce is cut into on this node.
 size_t chunk_bytes_of(const Tuning& t, const NodeGroup& g) {
   size_t chunk_bytes = g.buffer_bytes();
   if (g.local_size() == 2) chunk_bytes = std::min(chunk_bytes, t.pair_chunk_bytes);
   else if (!g.crowded()) chunk_bytes = std::min(chunk_bytes, t.shared_chunk_bytes);
   return chunk_bytes;
+}
+
+// The largest chunk of more than two ranks that every rank reduces whole (from every
+// rank's buffer) rather than sharing the work out or reducing its own slice.
+size_t whole_bytes_of(const Tuning& t, const NodeGroup& g) {
+  return g.crowded() ? t.whole_crowded_bytes : g.oversubscribed() ? t.whole_oversubscribed_bytes : t.whole_bytes;
 }
 
 // The reduction of a small allreduce, every rank's data in rank order into `out`: from
@@ -107,7 +112,7 @@ void reduce_small(const Context& ctx, const NodeGroup& g, int b, size_t n, uint8
 bool shm_allreduce_small(const Tuning& t, const NodeGroup& g, size_t bytes) {
   if (bytes == 0 || bytes > chunk_bytes_of(t, g)) return false;
   if (g.local_size() == 2) return bytes <= t.pair_whole_bytes;
-  return bytes <= (g.crowded() ? t.whole_crowded_bytes : g.oversubscribed() ? t.whole_oversubscribed_bytes : t.whole_bytes);
+  return bytes <= whole_bytes_of(t, g);
 }
 
 bool shm_allreduce_small_start(const Context& ctx, NodeGroup& g, const void* in, void* out,
@@ -149,9 +154,7 @@ void shm_allreduce(const Context& ctx, NodeGroup& g, const void* in, void* out, 
   const bool pair = g.local_size() == 2, sliced = g.crowded();
   const size_t chunk = chunk_bytes_of(ctx.tuning, g) / e;
   const Tuning& t = ctx.tuning;
-  const size_t whole_bytes = sliced               ? t.whole_crowded_bytes
-                             : g.oversubscribed() ? t.whole_oversubscribed_bytes
-                                                  : t.whole_bytes;
+  const size_t whole_bytes = whole_bytes_of(t, g);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   g.expect(wire_code(Collective::kAllreduce));
