@@ -34,7 +34,12 @@ done
 # only 32-byte aligned, so every such kernel faults (vmovdqa64 on a misaligned slot).
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:check_initialization_order=1:strict_init_order=1"
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
-export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp"
+# atexit_sleep_ms=0: ThreadSanitizer otherwise sleeps 1 s in every exiting process (for
+# threads still running to show their races), which pushed the fault tests' survivors
+# past their exit deadline (3 s timeout + 1.5 s slack: 4.51-4.60 s, 3.51 s without it)
+# and cost a second for each of the suite's worker processes. Threads still running at
+# exit: chorus joins its threads before a process ends.
+export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:atexit_sleep_ms=0:suppressions=$root/scripts/tsan.supp"
 
 # Everything runs 2-15x slower under a sanitizer: the collective sweep runs its large
 # count in f32/sum only (the small counts keep every dtype x op), the shared-memory
@@ -78,11 +83,25 @@ run() {
 #   ReduceIsaChoice) runs on one thread, where ThreadSanitizer has nothing to find
 #   (ASan and the normal run keep it); it cost 60 of 860 test seconds.
 #   Trimmed again when .ci/run took 2978 s on 2 cores (tests 1164, packages 48,
-#   ASan 531 + 236, TSan 298 + 431, fuzzing 270).
+#   ASan 531 + 236, TSan 298 + 431, fuzzing 270). And again when it reached about
+#   2950 s (TSan's tests 557 s wall, 1112 s of test time): the pipelined hierarchical
+#   chunks on 5-8 ranks (FakeTransport/AlgorithmsTest.HierarchicalChunks, 153 s; 1-4
+#   keep a 2x2 layout, leaders and members, every chunk's hand-over), the store's
+#   paging past the per-request key limit (87 s; one client, whose races are the
+#   other store tests'), the cross-memory-attach exactness tests (108 s: the kernel
+#   copies, where ThreadSanitizer sees nothing, and the calls around them are the
+#   other shm tests') and the 64 MiB streaming-store allreduce (38 s; the tuning
+#   extremes test streams at every size).
+# - Both skip ArgumentsTest.ProgressThreadLeavesWaitedOperationsToTheirCallers, which
+#   checks that a caller reaching wait() within the progress thread's 50 us claim
+#   grace runs its operation itself (a speed property, counted in context switches).
+#   The sanitizers slow the caller's way there several times over, past the grace, and
+#   the test failed under TSan in CI and, beside another test, here; its races are the
+#   other progress-engine tests'.
 # The normal suite (scripts/test.sh) runs every size both ways.
 if [ "$mode" = asan ] || [ "$mode" = all ]; then
-  run asan address,undefined -E 'CollectivesTest\.[A-Za-z]+/size[57]( |$)|^tcp:WorldSize/CollectivesTest\.[A-Za-z]+/size8( |$)' "$@"
+  run asan address,undefined -E 'ProgressThreadLeavesWaitedOperationsToTheirCallers|CollectivesTest\.[A-Za-z]+/size[57]( |$)|^tcp:WorldSize/CollectivesTest\.[A-Za-z]+/size8( |$)' "$@"
 fi
 if [ "$mode" = tsan ] || [ "$mode" = all ]; then
-  run tsan thread -E 'CollectivesTest\.[A-Za-z]+/size[5-8]( |$)|^tcp:Layouts/HierarchicalTest\.|^tcp:(Failure|ProcessTest)\.|^Layouts/HierarchicalTest\.[A-Za-z]+/blocks_(2x4|4x2)( |$)|^(Kernels/|Reduce(PortableConversions|Reference|IsaChoice)\.)' "$@"
+  run tsan thread -E 'ProgressThreadLeavesWaitedOperationsToTheirCallers|HierarchicalChunks/size[5-8]( |$)|PagedWaitAndGetGoPastTheKeysPerRequestLimit|^Shm\.(CrossMemoryAttach(GivesTheSegmentPathsBytes|BroadcastsAndAllgathersExactly)|LargeAllreduceWithStreamingStoresIsExact)|CollectivesTest\.[A-Za-z]+/size[5-8]( |$)|^tcp:Layouts/HierarchicalTest\.|^tcp:(Failure|ProcessTest)\.|^Layouts/HierarchicalTest\.[A-Za-z]+/blocks_(2x4|4x2)( |$)|^(Kernels/|Reduce(PortableConversions|Reference|IsaChoice)\.)' "$@"
 fi
