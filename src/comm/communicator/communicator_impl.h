@@ -55,8 +55,6 @@ struct Operation {
   bool begun = false;
 };
 
-
-
 class CommunicatorImpl final : public Communicator,
                                public Executor,
                                private ProgressEngine<Operation>::Runner,

@@ -34,6 +34,7 @@ using shm::average;
 using shm::copy_slices;
 using shm::reduce_all;
 using shm::reduce_own_slice;
+using shm::reduce_ranks;
 using shm::stream_copy;
 using shm::stream_done;
 
@@ -96,14 +97,8 @@ size_t whole_bytes_of(const Tuning& t, const NodeGroup& g) {
 // The reduction of a small allreduce, every rank's data in rank order into `out`: from
 // the arrivals' lines (b < 0) or from every rank's buffer b.
 void reduce_small(const Context& ctx, const NodeGroup& g, int b, size_t n, uint8_t* out, bool avg) {
-  if (b >= 0) {
-    reduce_all(ctx, g, b, 0, n, out);
-  } else {
-    const int p = g.local_size();
-    if (p == 1) std::memcpy(out, g.small_data(0), n * ctx.elem);
-    else ctx.reduce(out, g.small_data(0), g.small_data(1), n);
-    for (int r = 2; r < p; ++r) ctx.reduce(out, out, g.small_data(r), n);
-  }
+  if (b >= 0) reduce_all(ctx, g, b, 0, n, out);
+  else reduce_ranks(ctx, g.local_size(), n, out, [&](int r) { return g.small_data(r); });
   average(ctx, out, n, avg);
 }
 

@@ -52,29 +52,9 @@ void stream_done() {
 void reduce_all(const Context& ctx, const NodeGroup& g, int b, size_t at, size_t n, uint8_t* dst,
                 const uint8_t* own) {
   const size_t off = at * ctx.elem;
-  auto source = [&](int r) -> const uint8_t* {
+  reduce_ranks(ctx, g.local_size(), n, dst, [&](int r) -> const uint8_t* {
     return own != nullptr && r == g.local_rank() ? own : g.buffer(r, b) + off;
-  };
-  const int p = g.local_size();
-  if (p == 2 || ctx.reduce_many == nullptr || n * ctx.elem > ctx.tuning.many_max_bytes) {
-    ctx.reduce(dst, source(0), source(1), n);
-    for (int r = 2; r < p; ++r) ctx.reduce(dst, dst, source(r), n);
-    return;
-  }
-  // In one pass over up to kManySources sources at a time; a further pass starts from
-  // the result so far, which is the same arithmetic in the same order.
-  constexpr int kManySources = 16;
-  const void* src[kManySources];
-  int k = 0;
-  for (int r = 0; r < p; ++r) {
-    if (k == kManySources) {
-      ctx.reduce_many(dst, src, k, n);
-      src[0] = dst;
-      k = 1;
-    }
-    src[k++] = source(r);
-  }
-  ctx.reduce_many(dst, src, k, n);
+  });
 }
 
 void average(const Context& ctx, void* buf, size_t n, bool on) {

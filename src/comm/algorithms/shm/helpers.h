@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "comm/algorithms/context.h"
@@ -31,6 +32,36 @@ using transport::shm::NodeGroup;
 // before anything this thread publishes later.
 void stream_copy(uint8_t* dst, const uint8_t* src, size_t bytes);
 void stream_done();
+
+// dst[0, n) = the reduction of source(r) (n elements each) over r = 0 .. p-1, in rank
+// order; one rank: a copy. Where the reduction has a many-source kernel and the bytes
+// fit ctx.tuning.many_max_bytes, in one pass over up to kManySources sources at a time,
+// a further pass starting from the result so far: the same arithmetic in the same
+// order as the pairwise fold otherwise taken. dst may be source 0, no other.
+template <class Source>
+void reduce_ranks(const Context& ctx, int p, size_t n, uint8_t* dst, Source&& source) {
+  if (p == 1) {
+    if (dst != source(0)) std::memcpy(dst, source(0), n * ctx.elem);
+    return;
+  }
+  if (p == 2 || ctx.reduce_many == nullptr || n * ctx.elem > ctx.tuning.many_max_bytes) {
+    ctx.reduce(dst, source(0), source(1), n);
+    for (int r = 2; r < p; ++r) ctx.reduce(dst, dst, source(r), n);
+    return;
+  }
+  constexpr int kManySources = 16;
+  const void* src[kManySources];
+  int k = 0;
+  for (int r = 0; r < p; ++r) {
+    if (k == kManySources) {
+      ctx.reduce_many(dst, src, k, n);
+      src[0] = dst;
+      k = 1;
+    }
+    src[k++] = source(r);
+  }
+  ctx.reduce_many(dst, src, k, n);
+}
 
 // dst[0, n) = reduction over local ranks (in order) of buffer(r, b) at element `at`;
 // `own`, when not null, stands for this rank's buffer (its data was not copied in).

@@ -86,16 +86,7 @@ void reduce_sources(const Context& ctx, uint8_t* dst, const std::vector<const ui
     if (src[r] + off == dst) alias = r;
   }
   if (alias > 0) std::memcpy(tmp, dst, n * ctx.elem);
-  auto source = [&](int r) -> const uint8_t* { return r == alias ? tmp : src[r] + off; };
-  constexpr int kManySources = 16;
-  if (p > 2 && p <= kManySources && ctx.reduce_many != nullptr &&
-      n * ctx.elem <= ctx.tuning.many_max_bytes) {
-    const void* all[kManySources];
-    for (int r = 0; r < p; ++r) all[r] = source(r);
-    return ctx.reduce_many(dst, all, p, n);
-  }
-  ctx.reduce(dst, source(0), source(1), n);
-  for (int r = 2; r < p; ++r) ctx.reduce(dst, dst, source(r), n);
+  shm::reduce_ranks(ctx, p, n, dst, [&](int r) -> const uint8_t* { return r == alias ? tmp : src[r] + off; });
 }
 
 // Elements of a piece for a call of `bytes` in all: Tuning::shared_buffer_piece_bytes,
