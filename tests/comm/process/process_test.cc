@@ -51,6 +51,13 @@ bool over_shm() {
   return t == nullptr || std::string(t) != "tcp";
 }
 
+// Whether the shared-memory algorithm runs the collectives: shared memory, and no
+// CHORUS_ALGO forcing another (the routed suite forces the ring over the node's streams).
+bool shm_algorithm_runs() {
+  const char* algo = std::getenv("CHORUS_ALGO");
+  return over_shm() && (algo == nullptr || std::string(algo) == "auto" || std::string(algo) == "shm");
+}
+
 // Environment variables that would change how a worker starts; the test sets what it
 // needs and removes the rest.
 const std::vector<std::string> kUnset = {"RANK",        "WORLD_SIZE",          "LOCAL_RANK",
@@ -208,11 +215,7 @@ TEST(ProcessTest, KilledRankOfTheDirectPathIsNamedBySurvivors) {
 // loop of 20 allreduces a rank maps at most its two peers' buffers, not one per call,
 // and some rank did map them (the direct path ran across processes).
 TEST(ProcessTest, DirectPathMapsEachPeerBufferOnce) {
-  if (!over_shm()) GTEST_SKIP() << "tcp: no shared memory";
-  const char* algo = std::getenv("CHORUS_ALGO");
-  if (algo != nullptr && std::string(algo) != "auto" && std::string(algo) != "shm") {
-    GTEST_SKIP() << "CHORUS_ALGO=" << algo << " forces another algorithm";
-  }
+  if (!shm_algorithm_runs()) GTEST_SKIP() << "the shared-memory algorithm does not run here";
   Job job(3, {"allreduce-loop", "20", "100003"}, {{"CHORUS_TEST_SHARED", "1"}});
   for (int r = 0; r < job.size(); ++r) {
     ASSERT_TRUE(job.rank(r).wait_for(seconds(180))) << "rank " << r << " still running\n" << job.outputs();
@@ -249,10 +252,11 @@ TEST(ProcessTest, StoppedRankRunsIntoTheDeadlineNamingIt) {
     const std::string err = job.rank(r).stderr_text();
     EXPECT_TRUE(contains(err, "allreduce")) << err;
     EXPECT_TRUE(contains(err, "timed out") || contains(err, "aborted")) << err;
-    // In shared memory a rank waits for every peer at once and names the stopped one;
-    // over tcp it names the ring neighbour it was receiving from, which may be the
-    // other survivor (issue 6's flight recorder tells which rank is behind).
-    if (over_shm()) {
+    // The shared-memory algorithm waits for every peer at once and names the stopped
+    // one; a ring (over tcp, or forced over the node's streams) names the neighbour it
+    // was receiving from, which may be the other survivor (issue 6's flight recorder
+    // tells which rank is behind).
+    if (shm_algorithm_runs()) {
       EXPECT_TRUE(contains(err, "rank 1 (host")) << err;
     }
   }
