@@ -4,8 +4,8 @@
 #
 # Three install components, one Debian package each:
 #   runtime  chorus        the programs (chorusrun, chorus-bench, chorus-trace,
-#                          chorus-mnist) and the shared libraries libchorus_comm.so.0.2
-#                          and libchorus_torch.so.0.2
+#                          chorus-mnist) and the shared libraries libchorus_comm.so.0.3
+#                          and libchorus_torch.so.0.3
 #   dev      chorus-dev    include/chorus/, the linker names (.so), libchorus_comm.a,
 #                          lib/cmake/chorus/ and lib/pkgconfig/chorus.pc
 #   python   python3-chorus  the torch.distributed backend, torch_chorus, into
@@ -13,7 +13,7 @@
 #
 # The programs link chorus statically (as in the build tree), so each runs without
 # LD_LIBRARY_PATH from any prefix; the shared libraries are for other programs. Before
-# 1.0 the SONAME carries the minor version: 0.1 and 0.2 need not be compatible.
+# 1.0 the SONAME carries the minor version: 0.2 and 0.3 need not be compatible.
 include(CMakePackageConfigHelpers)
 
 set(CHORUS_CMAKE_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/chorus)

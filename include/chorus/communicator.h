@@ -139,11 +139,12 @@ struct CommOptions {
   // Whether collectives on node-shared buffers (shared_memory.h) take the direct path
   // (CHORUS_SHM_DIRECT = 1, the default, or 0). Every rank of a node must agree.
   bool shm_direct = true;
-  // Whether a small allreduce on one node in shared memory may run on the calling
-  // thread as it is issued, when nothing else is queued (CHORUS_SHM_INLINE = 1, the
-  // default, or 0): it then waits for its peers only a few microseconds before leaving
-  // the rest to the queue, so issuing stays non-blocking. Ranks may differ: both ways
-  // run the same exchange.
+  // Whether a small allreduce on one node in shared memory (up to 4 KiB, or 256 KiB on
+  // node-shared buffers) may run on the calling thread as it is issued, when nothing
+  // else is queued (CHORUS_SHM_INLINE = 1, the default, or 0): it then waits for its
+  // peers to enter the call only a few microseconds before leaving the rest to the
+  // queue, so issuing never waits on what a peer issues later. Ranks may differ: both
+  // ways run the same exchange.
   bool shm_inline = true;
   // The cost model that chooses algorithms (CHORUS_COST_MODEL): comma-separated
   // key=value pairs over its built-in parameters (tcp_alpha_us, tcp_gbps, shm_alpha_us,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@ namespace chorus {
 
 namespace internal {
 class WorkState;
+class CommunicatorImpl;
 }
 
 class Work {
@@ -41,7 +43,15 @@ class Work {
   std::string description() const;
 
  private:
+  friend class internal::CommunicatorImpl;
+  // An operation that completed successfully while it was issued (a small collective
+  // on one node, run at once by the issuing thread): only its name, a string literal,
+  // and sequence number, for description(); no shared state to allocate and count.
+  Work(const char* name, uint64_t seq) : done_name_(name), done_seq_(seq) {}
+
   std::shared_ptr<internal::WorkState> state_;
+  const char* done_name_ = nullptr;
+  uint64_t done_seq_ = 0;
 };
 
 }  // namespace chorus

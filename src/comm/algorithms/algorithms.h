@@ -104,6 +104,13 @@ void shm_barrier(const Context& ctx, transport::shm::NodeGroup& g);
 void shared_allreduce(const Context& ctx, transport::shm::NodeGroup& g,
                       const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
                       size_t count, bool avg);
+// The same run at issue (the communicator's inline path): _start() enters the call and,
+// when every rank has entered within `polls` polls, finishes it (true); otherwise it
+// returns false and _finish() completes the call later, as shared_allreduce() would.
+bool shared_allreduce_start(const Context& ctx, transport::shm::NodeGroup& g,
+                            const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                            size_t count, bool avg, int polls);
+void shared_allreduce_finish(const Context& ctx, transport::shm::NodeGroup& g, size_t count, bool avg);
 void shared_reduce_scatter(const Context& ctx, transport::shm::NodeGroup& g,
                            const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
                            size_t recv_count, bool avg);

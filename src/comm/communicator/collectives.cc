@@ -65,7 +65,9 @@ Work CommunicatorImpl::allreduce(const void* send, void* recv, size_t count, Dat
   Algorithm algo = algorithm_for(Collective::kAllreduce, bytes);
   transport::shm::SharedRef in, out;
   if (direct_path(Collective::kAllreduce, send, bytes, recv, bytes, in, out)) {
-    return enqueue(shaped(reducing(Collective::kAllreduce, dtype, op), count), [=](const Context& ctx) {
+    const OpSpec s = shaped(reducing(Collective::kAllreduce, dtype, op), count);
+    if (std::optional<Work> w = shared_allreduce_inline(in, out, count, s)) return std::move(*w);
+    return enqueue(s, [=](const Context& ctx) {
       alg::shared_allreduce(ctx, *ctx.node, in, out, count, ctx.average);
     });
   }

@@ -247,14 +247,15 @@ transport::Signature signature_of(const OpSpec& spec) {
   return sig;
 }
 
-transport::OpInfo CommunicatorImpl::op_info(const Op& op, std::chrono::steady_clock::time_point started) const {
+transport::OpInfo CommunicatorImpl::op_info(const OpSpec& spec, uint64_t seq,
+                                            std::chrono::steady_clock::time_point started) const {
   transport::OpInfo info;
-  info.name = collective_name(op.spec.what);
-  info.code = transport::wire_code(op.spec.what);
-  info.seq = op.seq;
-  info.kind = is_p2p(op.spec.what) ? transport::FrameKind::kP2P : transport::FrameKind::kCollective;
+  info.name = collective_name(spec.what);
+  info.code = transport::wire_code(spec.what);
+  info.seq = seq;
+  info.kind = is_p2p(spec.what) ? transport::FrameKind::kP2P : transport::FrameKind::kCollective;
   info.deadline = Deadline::at(started + options_.timeout);
-  info.sig = signature_of(op.spec);
+  info.sig = signature_of(spec);
   return info;
 }
 
@@ -279,21 +280,17 @@ void CommunicatorImpl::run(Op& op) {
   if (abort_requested_.load()) return fail_aborted(op);
   algorithms::Context ctx = context_for(op.spec);
   if (op.begun) {  // begun at issue (issue_inline()), with the deadline it had there
-    execute(op, [&] {
-      op.body(ctx);
-      return true;
-    });
+    execute(op, [&] { op.body(ctx); });
     return;
   }
   // One reading of the clock for the deadline and the flight recorder.
   const auto started = std::chrono::steady_clock::now();
-  const transport::OpInfo info = op_info(op, started);
+  const transport::OpInfo info = op_info(op.spec, op.seq, started);
   if (recorder_.enabled()) recorder_.running(op.trace_slot, started);
   execute(op, [&] {
     if (options_.check_consistency && !is_p2p(op.spec.what) && size_ > 1) check_consistency(op);
     transport_->begin(info);  // shared memory's too
     op.body(ctx);
-    return true;
   });
 }
 

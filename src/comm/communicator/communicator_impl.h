@@ -115,31 +115,31 @@ class CommunicatorImpl final : public Communicator,
   // setting `rest` to the body that finishes it.
   template <class Attempt>
   bool issue_inline(const OpSpec& spec, Work& work, Attempt&& attempt);
+  // Whether the inline path may run here (CHORUS_SHM_INLINE, one node in shared memory,
+  // no more ranks than cores, no CHORUS_DEBUG=DETAIL).
+  bool inline_possible() const;
   // Small allreduces' inline path (inline_ops.cc); nullopt where it does not apply.
   std::optional<Work> allreduce_inline(const void* send, void* recv, size_t count, const OpSpec& spec);
+  // The same for small allreduces on node-shared buffers (the direct path).
+  std::optional<Work> shared_allreduce_inline(const transport::shm::SharedRef& in,
+                                              const transport::shm::SharedRef& out, size_t count,
+                                              const OpSpec& spec);
   // What every run of an operation starts from: its OpInfo (deadline from `started`),
   // and the context its body runs in.
-  transport::OpInfo op_info(const Op& op, std::chrono::steady_clock::time_point started) const;
+  transport::OpInfo op_info(const OpSpec& spec, uint64_t seq, std::chrono::steady_clock::time_point started) const;
   algorithms::Context context_for(const OpSpec& spec);
-  // Runs `part` (true: the operation is done) and completes the operation, or fails
-  // it and aborts the communicator when `part` throws; false when `part` returned
-  // false (the operation goes on later).
-  // `ended`, when given, is the time the flight recorder gets for a success (the
-  // inline path's, read once).
+  // Runs `part`, the operation, and completes it, or fails it and aborts the
+  // communicator when `part` throws.
   template <class Part>
-  bool execute(Op& op, Part&& part, const std::chrono::steady_clock::time_point* ended = nullptr) {
+  void execute(Op& op, Part&& part) {
     try {
-      if (!part()) return false;
-      if (recorder_.enabled()) {
-        if (ended != nullptr) recorder_.completed(op.trace_slot, *ended);
-        else recorder_.finished(op.trace_slot, "");
-      }
+      part();
+      if (recorder_.enabled()) recorder_.finished(op.trace_slot, "");
       unfinished_.fetch_sub(1, std::memory_order_acq_rel);
       op.work->complete(nullptr);
     } catch (...) {
       fail(op, std::current_exception());
     }
-    return true;
   }
   // What execute() does when an operation throws `error`.
   void fail(Op& op, std::exception_ptr error);

@@ -75,12 +75,18 @@ size_t FlightRecorder::started(uint64_t seq, Collective what, DataType dtype, ui
   return add(seq, what, dtype, count, root, when, State::kRunning);
 }
 
+void FlightRecorder::done_at_once(uint64_t seq, Collective what, DataType dtype, uint64_t count,
+                                  int root, Clock::time_point when) {
+  add(seq, what, dtype, count, root, when, State::kCompleted);
+}
+
 size_t FlightRecorder::add(uint64_t seq, Collective what, DataType dtype, uint64_t count, int root,
                            Clock::time_point when, State state) {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t slot = next_id_++;
   Entry& e = at(slot);
-  e = Entry{};
+  // Field by field: a fresh Entry assigned over it (a string and a vector moved in)
+  // cost more than the rest of the record.
   e.id = slot + 1;
   e.seq = seq;
   e.what = what;
@@ -89,16 +95,11 @@ size_t FlightRecorder::add(uint64_t seq, Collective what, DataType dtype, uint64
   e.root = root;
   e.state = state;
   e.queued_at = when;
-  if (state == State::kRunning) e.started_at = when;
+  e.started_at = state != State::kQueued ? when : Clock::time_point{};
+  e.ended_at = state == State::kCompleted ? when : Clock::time_point{};
+  if (!e.error.empty()) e.error.clear();
+  if (!e.awaiting.empty()) e.awaiting.clear();
   return slot;
-}
-
-void FlightRecorder::completed(size_t slot, Clock::time_point when) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Entry& e = at(slot);
-  if (e.id != slot + 1) return;
-  e.state = State::kCompleted;
-  e.ended_at = when;
 }
 
 void FlightRecorder::running(size_t slot, Clock::time_point when) {

@@ -42,13 +42,13 @@ class FlightRecorder {
   void running(size_t slot, Clock::time_point when);
   // queued() and running() at once, for an operation that starts as it is issued.
   size_t started(uint64_t seq, Collective what, DataType dtype, uint64_t count, int root, Clock::time_point when);
+  // queued(), running() and completed() at once, for an operation that started and
+  // completed as it was issued (the inline path), at `when` by the coarse clock: its
+  // small operations' records are exact to the kernel's tick, a few milliseconds, and
+  // may precede a queued operation's by as much.
+  void done_at_once(uint64_t seq, Collective what, DataType dtype, uint64_t count, int root, Clock::time_point when);
   // `awaiting`: for an operation that timed out, the ranks it was still waiting for.
   void finished(size_t slot, const std::string& error, const std::vector<int>& awaiting = {});
-  // A completed operation that ended at `when`. (The inline path passes times of the
-  // coarse clock, coarse_now(): its small operations' records are exact to the kernel's
-  // tick, a few milliseconds, and may precede a queued operation's by as much.)
-  void completed(size_t slot, Clock::time_point when);
-
   // The records, oldest first, as one JSON object with this rank's identity and `why`.
   std::string json(int rank, int size, const std::string& host, const std::string& comm_id,
                    const std::string& why) const;

@@ -7,12 +7,18 @@
 //   off (CHORUS_SHM_INLINE=0) beside ranks that have it on.
 // - Issuing does not wait for the peers: two communicators issued in opposite orders on
 //   two ranks complete, which an issue that waited for its peers would deadlock on.
-// - An operation whose rest was queued runs before what was issued after it.
+// - An operation whose rest was queued runs before what was issued after it, and
+//   completes when nobody waits for it.
+// - A Work completed at issue carries no shared state but still names its operation and
+//   number, and the flight recorder has the operation as completed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <memory>
 #include <random>
 #include <thread>
@@ -151,6 +157,88 @@ TEST(Inline, AQueuedRestRunsBeforeWhatWasIssuedAfterIt) {
       ASSERT_EQ(std::count(big.begin(), big.end(), 3.0f), static_cast<long>(big.size()));
     }
   });
+}
+
+// Rank 1 comes late, so rank 0 leaves the rest of its allreduce to the queue, then
+// only polls is_completed(), which runs nothing: the progress thread must finish it.
+// On ordinary memory and on node-shared buffers (the direct path's inline form).
+TEST(Inline, ARestNobodyWaitsForIsFinishedByTheProgressThread) {
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "node-shared buffer" : "ordinary buffer");
+    run_node(2, [](int) { return true; }, [&](Communicator& c) {
+      constexpr size_t kCount = 16384;  // 64 KiB: the direct path takes it on shared buffers
+      std::shared_ptr<SharedBuffer> buf = shared ? allocate_shared(kCount * sizeof(float)) : nullptr;
+      std::vector<float> heap(shared ? 0 : kCount);
+      float* x = shared ? static_cast<float*>(buf->data()) : heap.data();
+      for (int round = 0; round < 20; ++round) {
+        if (c.rank() == 1) std::this_thread::sleep_for(1ms);
+        std::fill(x, x + kCount, static_cast<float>(c.rank() + round));
+        Work w = c.allreduce(x, x, kCount, DataType::kFloat32, ReduceOp::kSum);
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (!w.is_completed() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(100us);
+        ASSERT_TRUE(w.is_completed()) << "round " << round << ": not completed after 30 s without wait()";
+        ASSERT_EQ(w.error(), nullptr);
+        ASSERT_EQ(std::count(x, x + kCount, static_cast<float>(1 + 2 * round)), static_cast<long>(kCount))
+            << "round " << round;
+      }
+      c.barrier().wait();  // no rank frees its buffer while a peer may still read it
+    });
+  }
+}
+
+// Operations completed at issue, and one that could not be (its rest queued): each
+// Work names its collective and its own number, the numbers run on consecutively, and
+// the flight recorder's trace (written by abort()) lists every one as completed.
+TEST(Inline, WorksCompletedAtIssueAreNamedAndRecorded) {
+  const std::string dir = testing::TempDir() + "chorus_inline_trace_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  auto store = std::make_shared<InMemoryStore>();
+  auto errors = test::run_threads(2, [&](int rank) {
+    CommOptions o = test::test_options();
+    o.shm_inline = true;
+    o.trace_dir = dir;
+    o.comm_id = "inl";
+    auto c = Communicator::create(store, rank, 2, o);
+    std::vector<std::string> names;
+    for (int i = 0; i < 6; ++i) {
+      if (i == 3 && rank == 1) std::this_thread::sleep_for(2ms);  // rank 0's rest is queued
+      float x = 1.f;
+      Work w = c->allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum);
+      w.wait();
+      ASSERT_TRUE(w.is_completed());
+      ASSERT_EQ(w.error(), nullptr);
+      ASSERT_EQ(x, 2.f);
+      names.push_back(w.description());
+    }
+    const std::string first = names.front();
+    ASSERT_EQ(first.rfind("allreduce #", 0), 0u) << first;
+    const long base = std::stol(first.substr(std::strlen("allreduce #")));
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_EQ(names[i], "allreduce #" + std::to_string(base + static_cast<long>(i)));
+    }
+    c->barrier().wait();
+    if (rank == 0) {
+      c->abort("the test reads the trace");
+      const std::string path = dir + "/chorus_trace_inl_rank0.json";
+      std::string text;
+      for (int tries = 0; tries < 300 && text.empty(); ++tries) {
+        std::ifstream in(path);
+        text.assign(std::istreambuf_iterator<char>(in), {});
+        if (text.empty()) std::this_thread::sleep_for(10ms);
+      }
+      for (long seq = base; seq < base + 6; ++seq) {
+        const std::string entry = "\"seq\":" + std::to_string(seq) + ",";
+        const size_t at = text.find(entry);
+        ASSERT_NE(at, std::string::npos) << entry << " not in " << path << ":\n" << text;
+        const size_t end = text.find('}', at);
+        const std::string record = text.substr(at, end - at);
+        EXPECT_NE(record.find("\"op\":\"allreduce\""), std::string::npos) << record;
+        EXPECT_NE(record.find("\"state\":\"completed\""), std::string::npos) << record;
+      }
+    }
+  });
+  test::rethrow_rank_failures(errors);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

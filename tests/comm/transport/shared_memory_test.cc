@@ -235,11 +235,14 @@ TEST(SharedMemory, DirectPathPossibleOnlyWhereTheRanksMeetInSharedMemory) {
 // overwrites its buffer as soon as its call returns, and fills it anew only after a
 // delay, so a peer that still read it after the return would sum garbage. Every result
 // must be exact (small integers). Under ThreadSanitizer (scripts/sanitize.sh) the
-// same run checks every such read against the owner's writes.
+// same run checks every such read against the owner's writes. Two sizes: one the
+// issuing thread runs itself when its peers are there (the inline path, up to 256 KiB;
+// otherwise its rest is queued), and one always queued for the runner role.
 TEST(SharedMemory, NoRankReadsAPeerBufferAfterItsOwnerCouldOverwriteIt) {
-  for (int size : {2, 3}) {
+  for (int size : {2, 3})
+  for (size_t count : {size_t{3 * 16384 + 7}, size_t{3 * 65536 + 7}}) {  // several pieces, one partial
+    SCOPED_TRACE(std::to_string(size) + " ranks, " + std::to_string(count) + " floats");
     run_ranks(size, [&](Communicator& c) {
-      const size_t count = 3 * 16384 + 7;  // several pieces, one partial
       auto buf = allocate_shared(count * sizeof(float));
       auto* x = static_cast<float*>(buf->data());
       std::mt19937 rng(static_cast<unsigned>(c.rank()) * 7919u + 1u);

@@ -123,14 +123,10 @@ void run_pieces(NodeGroup& g, uint64_t pieces, Body&& body) {
   g.wait_work();
 }
 
-}  // namespace
-
-void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
-                      size_t count, bool avg) {
-  if (count == 0) return;
+// The allreduce once every rank has entered it.
+void shared_allreduce_pieces(const Context& ctx, NodeGroup& g, size_t count, bool avg) {
   const int p = g.local_size();
   const size_t e = ctx.elem, piece = piece_elems(ctx, g, count * e);
-  enter(g, Collective::kAllreduce, in, out);
   Peers peers(g, std::vector<bool>(p, true));
   uint8_t* tmp = p > 2 ? ctx.scratch.get(piece * e, 0) : nullptr;
   run_pieces(g, (count + piece - 1) / piece, [&](uint64_t k) {
@@ -141,6 +137,31 @@ void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, con
     shm::average(ctx, sum, n, avg);
     for (int r = 1; r < p; ++r) std::memcpy(b.out[r] + at * e, sum, n * e);
   });
+}
+
+}  // namespace
+
+void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
+                      size_t count, bool avg) {
+  if (count == 0) return;
+  enter(g, Collective::kAllreduce, in, out);
+  shared_allreduce_pieces(ctx, g, count, avg);
+}
+
+bool shared_allreduce_start(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
+                            size_t count, bool avg, int polls) {
+  if (count == 0) return true;
+  g.expect(static_cast<uint8_t>(wire_code(Collective::kAllreduce) | kSharedStep));
+  g.publish_shared(in, out);
+  g.arrive();
+  if (!g.poll_all(polls)) return false;
+  shared_allreduce_pieces(ctx, g, count, avg);
+  return true;
+}
+
+void shared_allreduce_finish(const Context& ctx, NodeGroup& g, size_t count, bool avg) {
+  g.wait_all();
+  shared_allreduce_pieces(ctx, g, count, avg);
 }
 
 void shared_reduce_scatter(const Context& ctx, NodeGroup& g, const SharedRef& in,
