@@ -109,12 +109,12 @@ class CommunicatorImpl final : public Communicator,
   // The inline path, for small collectives on one node in shared memory: when nothing
   // is queued or running, runs the collective `spec` on the calling thread at once
   // through `attempt`, which may stop short of waiting for the peers (then what is left
-  // is queued first and finishes as any queued operation would); `work` is its Work.
-  // False: the engine was busy and nothing was issued (enqueue() it).
+  // is queued first and finishes as any queued operation would), and returns its Work.
+  // nullopt: the engine was busy and nothing was issued (enqueue() it).
   // `attempt(ctx, rest)` returns true when it finished the operation, or false after
   // setting `rest` to the body that finishes it.
   template <class Attempt>
-  bool issue_inline(const OpSpec& spec, Work& work, Attempt&& attempt);
+  std::optional<Work> issue_inline(const OpSpec& spec, Attempt&& attempt);
   // Whether the inline path may run here (CHORUS_SHM_INLINE, one node in shared memory,
   // no more ranks than cores, no CHORUS_DEBUG=DETAIL).
   bool inline_possible() const;

@@ -34,14 +34,14 @@ constexpr size_t kInlineSharedBytes = 256 * 1024;
 }  // namespace
 
 template <class Attempt>
-bool CommunicatorImpl::issue_inline(const OpSpec& spec, Work& work, Attempt&& attempt) {
+std::optional<Work> CommunicatorImpl::issue_inline(const OpSpec& spec, Attempt&& attempt) {
   uint64_t seq = 0;
   std::chrono::steady_clock::time_point at;
   if (!engine_.claim_inline(0, [&](uint64_t s, std::chrono::steady_clock::time_point now) {
         seq = s;
         at = now;
       })) {
-    return false;
+    return std::nullopt;
   }
   // The operation's shared state (WorkState), its count among the unfinished and its
   // flight-recorder slot are made only when it outlives this call: when it stops short
@@ -58,14 +58,13 @@ bool CommunicatorImpl::issue_inline(const OpSpec& spec, Work& work, Attempt&& at
   } catch (...) {
     error = std::current_exception();
   }
-  if (done && !error) {
+  if (done) {  // not set when the attempt threw
     if (recorder_.enabled()) recorder_.done_at_once(seq, spec.what, spec.dtype, spec.count, spec.root, at);
-    work = Work(collective_name(spec.what), seq);
     engine_.release_inline(std::nullopt);
-    return true;
+    return Work(collective_name(spec.what), seq);
   }
   std::optional<Op> op(make_op(spec, seq, at, std::move(rest), true));
-  work = Work(op->work);
+  Work work(op->work);
   if (error) {
     fail(*op, error);  // completes the Work with the error and aborts the communicator
     op.reset();
@@ -73,7 +72,7 @@ bool CommunicatorImpl::issue_inline(const OpSpec& spec, Work& work, Attempt&& at
     op->begun = true;  // what is left runs first, without beginning the operation again
   }
   engine_.release_inline(std::move(op));
-  return true;
+  return work;
 }
 
 bool CommunicatorImpl::inline_possible() const {
@@ -89,15 +88,12 @@ std::optional<Work> CommunicatorImpl::allreduce_inline(const void* send, void* r
   if (bytes > kInlineBytes || !inline_possible() || !alg::shm_allreduce_small(cost_.tuning, *shm_, bytes)) {
     return std::nullopt;
   }
-  Work work;
-  const bool issued = issue_inline(spec, work, [&](const alg::Context& ctx, OpBody& rest) {
+  return issue_inline(spec, [&](const alg::Context& ctx, OpBody& rest) {
     int b = 0;
     if (alg::shm_allreduce_small_start(ctx, *ctx.node, send, recv, count, ctx.average, kInlinePolls, b)) return true;
     rest = [=](const alg::Context& c) { alg::shm_allreduce_small_finish(c, *c.node, b, recv, count, c.average); };
     return false;
   });
-  if (!issued) return std::nullopt;
-  return work;
 }
 
 // The direct path's allreduce at issue: once every rank has entered it (the polls),
@@ -109,14 +105,11 @@ std::optional<Work> CommunicatorImpl::shared_allreduce_inline(const transport::s
                                                               const transport::shm::SharedRef& out,
                                                               size_t count, const OpSpec& spec) {
   if (count * dtype_size(spec.dtype) > kInlineSharedBytes || !inline_possible()) return std::nullopt;
-  Work work;
-  const bool issued = issue_inline(spec, work, [&](const alg::Context& ctx, OpBody& rest) {
+  return issue_inline(spec, [&](const alg::Context& ctx, OpBody& rest) {
     if (alg::shared_allreduce_start(ctx, *ctx.node, in, out, count, ctx.average, kInlinePolls)) return true;
     rest = [=](const alg::Context& c) { alg::shared_allreduce_finish(c, *c.node, count, c.average); };
     return false;
   });
-  if (!issued) return std::nullopt;
-  return work;
 }
 
 }  // namespace chorus::internal

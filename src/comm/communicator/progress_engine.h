@@ -143,9 +143,9 @@ class ProgressEngine : public ProgressEngineBase {
   // the runner role, numbers the operation and calls `claimed(seq, now)` under the
   // queue's lock as enqueue() calls `make` (`now` from coarse_now(): the op is small,
   // and its deadline seconds away), and returns true. The caller runs the operation
-  // and then calls
-  // release_inline(), passing what is left of it when it could not finish, which then
-  // runs before anything issued meanwhile. False: nothing was taken; enqueue() it.
+  // and then calls release_inline(), passing what is left of it when it could not
+  // finish, which then runs before anything issued meanwhile. False: nothing was taken;
+  // enqueue() it.
   template <class Claimed>
   bool claim_inline(size_t stream, Claimed&& claimed) {
     if (running_.load(std::memory_order_relaxed)) return false;
