@@ -43,6 +43,8 @@ set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
+# shellcheck source=bench/processes.sh
+source "$ROOT/bench/processes.sh"
 RANKS=2 TRANSPORT=tcp MODE=in
 
 min_bytes=8 max_bytes=256M factor=2 iters=20 warmup=5 large=32M timeout_s=600 repeats=1
@@ -173,7 +175,7 @@ run_mpi() {
 
 # Starts one python process per rank; when one fails the others are stopped.
 run_gloo() {
-  local port rank pids=() remaining pid rc=0 done_pid
+  local port rank pids=()
   port=$(free_port)
   for ((rank = 0; rank < RANKS; rank++)); do
     RANK=$rank WORLD_SIZE=$RANKS MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
@@ -181,17 +183,7 @@ run_gloo() {
       >>"$WORK/gloo.out.$rank" 2>>"$WORK/gloo.log" &
     pids+=($!)
   done
-  while ((${#pids[@]} > 0)); do
-    wait -n -p done_pid "${pids[@]}" || rc=$?
-    remaining=()
-    for pid in "${pids[@]}"; do [[ $pid == "$done_pid" ]] || remaining+=("$pid"); done
-    pids=("${remaining[@]}")
-    if ((rc != 0)); then
-      kill "${pids[@]}" 2>/dev/null || true
-      wait "${pids[@]}" 2>/dev/null || true
-      fail_run gloo "$rc" "$WORK/gloo.log"
-    fi
-  done
+  wait_all_or_fail gloo "$WORK/gloo.log"
   cat "$WORK/gloo.out.0" >>"$WORK/gloo.out"
   rm -f "$WORK"/gloo.out.*
 }

@@ -3,10 +3,12 @@
 # chorus on 2 ranks and on 1 rank, in PyTorch DDP over gloo on 2 ranks, and as a plain
 # libtorch loop on 1 process, measured in one run on this machine; prints samples/s
 # and the ratios against their targets. A fifth config is the ceiling of any 2-rank run
-# here: 2 plain loops side by side, each on half the global batch, that never talk.
+# here: 2 plain loops side by side, each on half the global batch, that never talk. A
+# sixth is the ceiling of any synchronous one: the same 2 loops meeting at a barrier
+# after every backward (bench/lockstep.h), as data-parallel ranks must, moving no data.
 #
 # Usage: bench/compare_mnist.sh [-n STEPS] [-w WARMUP] [-R REPEATS] [-t TIMEOUT_S]
-#   -n  timed optimizer steps per run                        (default 40)
+#   -n  timed optimizer steps per run                        (default 200)
 #   -w  warm-up steps before them                            (default 5)
 #   -R  runs of the whole set, round robin over the configs;
 #       each config keeps its best samples/s                 (default 2)
@@ -21,9 +23,11 @@ set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
-readonly CONFIGS=(chorus2 pytorch2 chorus1 plain1 plain2)
+readonly CONFIGS=(chorus2 pytorch2 chorus1 plain1 plain2 sync2)
+# shellcheck source=bench/processes.sh
+source "$ROOT/bench/processes.sh"
 
-steps=40 warmup=5 repeats=2 timeout_s=600
+steps=200 warmup=5 repeats=2 timeout_s=600
 
 die() { echo "compare_mnist: $*" >&2; exit 1; }
 
@@ -120,19 +124,23 @@ run_plain() {
   keep_json plain1 "$log"
 }
 
-# Two plain loops at once, batch 256 each (a rank's share of 512), no communication: the
-# samples/s of both together bound what any 2-rank data-parallel run can reach here.
+# Two plain loops at once, batch 256 each (a rank's share of 512): the samples/s of both
+# together bound what any 2-rank data-parallel run can reach here. plain2 never
+# communicates; sync2 meets at a barrier after every backward (--lockstep), and so
+# bounds any synchronous 2-rank run: what remains between it and plain2 is the time a
+# rank waits for the slower one, the machine's, not a library's.
 run_plain_pair() {
-  local k pids=() rc=0
+  local config=$1 k pids=() extra=()
+  if [[ $config == sync2 ]]; then
+    head -c 64 /dev/zero >"$WORK/lockstep"
+  fi
   for k in 0 1; do
-    plain_loop --batch-size 256 >"$WORK/plain2.$k.log" 2>&1 &
+    [[ $config == sync2 ]] && extra=(--lockstep "$WORK/lockstep" --lockstep-rank "$k" --lockstep-size 2)
+    plain_loop --batch-size 256 "${extra[@]}" >"$WORK/$config.$k.log" 2>&1 &
     pids+=($!)
   done
-  for k in 0 1; do
-    wait "${pids[$k]}" || rc=$?
-    ((rc == 0)) || fail_run plain2 "$rc" "$WORK/plain2.$k.log"
-  done
-  $PY - "$WORK/plain2.0.log" "$WORK/plain2.1.log" >>"$WORK/plain2.out" <<'EOF'
+  wait_all_or_fail "$config"
+  $PY - "$WORK/$config.0.log" "$WORK/$config.1.log" >>"$WORK/$config.out" <<'EOF'
 import json, sys
 runs = [json.loads(next(l for l in open(f) if l.startswith("{"))) for f in sys.argv[1:]]
 print(json.dumps({"samples_per_second": sum(r["samples_per_second"] for r in runs),
@@ -142,7 +150,7 @@ EOF
 
 # One python process per rank; when one fails the others are stopped.
 run_pytorch() {
-  local ranks=2 port rank pids=() remaining pid rc=0 done_pid log=$WORK/pytorch2.log
+  local ranks=2 port rank pids=() log=$WORK/pytorch2.log
   port=$(free_port)
   : >"$log"
   for ((rank = 0; rank < ranks; rank++)); do
@@ -152,17 +160,7 @@ run_pytorch() {
       --warmup-steps "$warmup" --threads 1 --workers 1 >>"$log" 2>&1 &
     pids+=($!)
   done
-  while ((${#pids[@]} > 0)); do
-    wait -n -p done_pid "${pids[@]}" || rc=$?
-    remaining=()
-    for pid in "${pids[@]}"; do [[ $pid == "$done_pid" ]] || remaining+=("$pid"); done
-    pids=("${remaining[@]}")
-    if ((rc != 0)); then
-      ((${#pids[@]} == 0)) || kill "${pids[@]}" 2>/dev/null || true
-      wait "${pids[@]}" 2>/dev/null || true
-      fail_run pytorch2 "$rc" "$log"
-    fi
-  done
+  wait_all_or_fail pytorch2 "$log"
   keep_json pytorch2 "$log"
 }
 
@@ -173,7 +171,7 @@ run_all() {
       echo "compare_mnist: running $config ($run/$repeats)" >&2
       case $config in
         chorus2) run_chorus chorus2 2 ;; chorus1) run_chorus chorus1 1 ;;
-        pytorch2) run_pytorch ;; plain1) run_plain ;; plain2) run_plain_pair ;;
+        pytorch2) run_pytorch ;; plain1) run_plain ;; plain2 | sync2) run_plain_pair "$config" ;;
       esac
     done
   done
@@ -185,7 +183,7 @@ import json, sys
 work, steps, warmup, load_before, load_after = sys.argv[1:]
 names = {"chorus2": "chorus, 2 ranks", "chorus1": "chorus, 1 rank",
          "pytorch2": "PyTorch DDP gloo, 2 ranks", "plain1": "plain libtorch, 1 process",
-         "plain2": "2 plain processes, 256 each"}
+         "plain2": "2 plain processes, 256 each", "sync2": "the same, a barrier a step"}
 lines = {c: [json.loads(l) for l in open(f"{work}/{c}.out")] for c in names}
 runs = {c: [j["samples_per_second"] for j in v] for c, v in lines.items()}
 blas = {c: sorted({j.get("blas") or "not OpenBLAS" for j in v}) for c, v in lines.items()}
@@ -209,6 +207,11 @@ print("against the ceiling: 2 plain processes that never communicate")
 for a, b, what in (("chorus2", "plain2", "chorus's 2-rank efficiency"),
                    ("plain2", "chorus1", "the most chorus2/chorus1 can be here"),
                    ("plain2", "pytorch2", "the most chorus2/pytorch2 can be here")):
+    print(f"{a + '/' + b:<28}{best[a] / best[b]:>11.2f}  {what}")
+print()
+print("against the synchronous ceiling: the same 2 processes, meeting once a step")
+for a, b, what in (("sync2", "plain2", "the most any synchronous 2-rank run can be here"),
+                   ("chorus2", "sync2", "chorus's cost beyond waiting for the slower rank")):
     print(f"{a + '/' + b:<28}{best[a] / best[b]:>11.2f}  {what}")
 EOF
 }

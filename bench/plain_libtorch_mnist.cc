@@ -6,14 +6,20 @@
 // Prints chorus-mnist's JSON line. --max-steps counts every optimizer step, as in
 // chorus-mnist; the first --warmup-steps of them are not timed, and samples_per_second
 // is over the timed steps only.
+//
+// With --lockstep FILE, --lockstep-rank and --lockstep-size, that many of these loops
+// wait for each other once a step (bench/lockstep.h), where DistributedDataParallel
+// waits for its gradients: the synchronised ceiling of bench/compare_mnist.sh.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "chorus/torch/data.h"
+#include "lockstep.h"
 #include "models.h"  // apps/chorus-mnist/models.h
 
 namespace {
@@ -30,6 +36,8 @@ struct Args {
   int64_t max_steps = 0;
   int64_t warmup_steps = 0;
   int threads = 0;
+  std::string lockstep;  // the file of the processes' barrier; empty: none
+  int lockstep_rank = 0, lockstep_size = 1;
   std::string malloc_thresholds;  // what keep_freed_memory() did (not an option)
 };
 
@@ -51,6 +59,11 @@ int parse(int argc, char** argv, Args& a) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (0: OMP_NUM_THREADS or 1)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--lockstep", a.lockstep,
+                 "meet the other processes at a barrier in this file (8 zero bytes) after every backward");
+  app.add_option("--lockstep-rank", a.lockstep_rank, "this process's place among them")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lockstep-size", a.lockstep_size, "how many processes meet")->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -58,6 +71,10 @@ int parse(int argc, char** argv, Args& a) {
   }
   if (a.max_steps > 0 && a.warmup_steps >= a.max_steps) {
     std::fprintf(stderr, "plain-libtorch-mnist: --warmup-steps must be below --max-steps\n");
+    return 2;
+  }
+  if (!a.lockstep.empty() && a.lockstep_rank >= a.lockstep_size) {
+    std::fprintf(stderr, "plain-libtorch-mnist: --lockstep-rank must be below --lockstep-size\n");
     return 2;
   }
   return 0;
@@ -99,6 +116,11 @@ int train(const Args& a) {
   so.seed = a.seed;
   chorus::data::DistributedSampler sampler(train_set->size(), so);
 
+  std::unique_ptr<chorus::bench::Lockstep> lockstep;
+  if (!a.lockstep.empty()) {
+    lockstep = std::make_unique<chorus::bench::Lockstep>(a.lockstep, a.lockstep_rank, a.lockstep_size,
+                                                         std::chrono::seconds(60));
+  }
   int64_t step = 0, timed_samples = 0;
   double train_seconds = 0;
   const auto wall_start = Clock::now();
@@ -115,6 +137,7 @@ int train(const Args& a) {
       torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(b->data), b->target);
       optimizer.zero_grad();
       loss.backward();
+      if (lockstep) lockstep->arrive_and_wait(step + 1);
       optimizer.step();
       ++step;
       if (step <= a.warmup_steps) {
@@ -132,6 +155,7 @@ int train(const Args& a) {
   const auto [accuracy, test_loss] = evaluate(model, test_set);
   nlohmann::json j = {{"epochs", a.epochs},
                       {"ranks", 1},
+                      {"lockstep", a.lockstep.empty() ? 0 : a.lockstep_size},
                       {"steps", step},
                       {"warmup_steps", a.warmup_steps},
                       {"samples_per_second", train_seconds > 0 ? timed_samples / train_seconds : 0.0},
