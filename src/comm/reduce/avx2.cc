@@ -162,6 +162,15 @@ struct Max {
   }
 };
 
+// finish_avg's quotient (vector_loops.h, divide()).
+struct Div {
+  TARGET_AVX2 static __m256 apply(Ps, __m256 a, __m256 b) { return _mm256_div_ps(a, b); }
+  TARGET_AVX2 static __m256d apply(Pd, __m256d a, __m256d b) { return _mm256_div_pd(a, b); }
+};
+
+TARGET_AVX2 __m256 splat(Ps, double v) { return _mm256_set1_ps(static_cast<float>(v)); }
+TARGET_AVX2 __m256d splat(Pd, double v) { return _mm256_set1_pd(v); }
+
 // keep_nan of kernels.h on vectors: lanes where `chosen` is a NaN get it quieted.
 TARGET_AVX2 __m256 keep_nan(__m256 chosen, __m256 result) {
   __m256 quiet = _mm256_or_ps(chosen, _mm256_castsi256_ps(_mm256_set1_epi32(1 << 22)));
@@ -183,6 +192,7 @@ ReduceFn avx2_kernel(DataType dtype, ReduceOp op) { return select_kernel<Isa>(dt
 ReduceManyFn avx2_many_kernel(DataType dtype, ReduceOp op) {
   return select_kernel<Isa, Many>(dtype, op);
 }
+DivideFn avx2_divide(DataType dtype) { return select_divide<Isa>(dtype); }
 
 }  // namespace chorus::reduce_internal
 
@@ -191,6 +201,7 @@ ReduceManyFn avx2_many_kernel(DataType dtype, ReduceOp op) {
 namespace chorus::reduce_internal {
 ReduceFn avx2_kernel(DataType, ReduceOp) { return nullptr; }
 ReduceManyFn avx2_many_kernel(DataType, ReduceOp) { return nullptr; }
+DivideFn avx2_divide(DataType) { return nullptr; }
 }  // namespace chorus::reduce_internal
 
 #endif

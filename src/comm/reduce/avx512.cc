@@ -156,6 +156,15 @@ struct Max {
   TARGET_AVX512 static __m512i apply(Epi64, __m512i a, __m512i b) { return _mm512_max_epi64(a, b); }
 };
 
+// finish_avg's quotient (vector_loops.h, divide()).
+struct Div {
+  TARGET_AVX512 static __m512 apply(Ps, __m512 a, __m512 b) { return _mm512_div_ps(a, b); }
+  TARGET_AVX512 static __m512d apply(Pd, __m512d a, __m512d b) { return _mm512_div_pd(a, b); }
+};
+
+TARGET_AVX512 __m512 splat(Ps, double v) { return _mm512_set1_ps(static_cast<float>(v)); }
+TARGET_AVX512 __m512d splat(Pd, double v) { return _mm512_set1_pd(v); }
+
 // keep_nan of kernels.h on vectors: lanes where `chosen` is a NaN get it quieted.
 TARGET_AVX512 __m512 keep_nan(__m512 chosen, __m512 result) {
   __mmask16 nan = _mm512_cmp_ps_mask(chosen, chosen, _CMP_UNORD_Q);
@@ -179,6 +188,7 @@ ReduceFn avx512_kernel(DataType dtype, ReduceOp op) { return select_kernel<Isa>(
 ReduceManyFn avx512_many_kernel(DataType dtype, ReduceOp op) {
   return select_kernel<Isa, Many>(dtype, op);
 }
+DivideFn avx512_divide(DataType dtype) { return select_divide<Isa>(dtype); }
 
 }  // namespace chorus::reduce_internal
 
@@ -187,6 +197,7 @@ ReduceManyFn avx512_many_kernel(DataType dtype, ReduceOp op) {
 namespace chorus::reduce_internal {
 ReduceFn avx512_kernel(DataType, ReduceOp) { return nullptr; }
 ReduceManyFn avx512_many_kernel(DataType, ReduceOp) { return nullptr; }
+DivideFn avx512_divide(DataType) { return nullptr; }
 }  // namespace chorus::reduce_internal
 
 #endif

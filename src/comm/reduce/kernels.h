@@ -24,6 +24,11 @@ ReduceFn avx512_kernel(DataType dtype, ReduceOp op);
 ReduceManyFn portable_many_kernel(DataType dtype, ReduceOp op);
 ReduceManyFn avx2_many_kernel(DataType dtype, ReduceOp op);
 ReduceManyFn avx512_many_kernel(DataType dtype, ReduceOp op);
+// finish_avg's kernels (reduce.h). The x86 ones return nullptr for the integer types,
+// which the portable kernels serve.
+DivideFn portable_divide(DataType dtype);
+DivideFn avx2_divide(DataType dtype);
+DivideFn avx512_divide(DataType dtype);
 
 // Which of an instruction set's kernels select_kernel() picks: the two-source ones
 // (Isa::kernel<Type, Op>()) or the many-source ones (Isa::many<Type, Op>()).
@@ -65,6 +70,29 @@ typename Kind::Fn select_kernel(DataType dtype, ReduceOp op) {
   }
   return nullptr;
 }
+
+// The divide kernel of each dtype in an instruction set's table: Isa::divide<Type>().
+template <class Isa>
+DivideFn select_divide(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return Isa::template divide<typename Isa::F32>();
+    case DataType::kFloat64: return Isa::template divide<typename Isa::F64>();
+    case DataType::kFloat16: return Isa::template divide<typename Isa::F16>();
+    case DataType::kBFloat16: return Isa::template divide<typename Isa::BF16>();
+    case DataType::kInt8: return Isa::template divide<typename Isa::I8>();
+    case DataType::kUInt8: return Isa::template divide<typename Isa::U8>();
+    case DataType::kInt32: return Isa::template divide<typename Isa::I32>();
+    case DataType::kInt64: return Isa::template divide<typename Isa::I64>();
+  }
+  return nullptr;
+}
+
+// Whether x / d may be computed as x * (1 / d): d a power of two, whose reciprocal is
+// exact. x / 2^k and x * 2^-k are then the same real number, which both operations
+// round once, the same way, so the bits agree for every x (NaN payloads, signed zeros,
+// infinities and subnormal results included), and a multiply costs a fraction of a
+// divide.
+constexpr bool divide_by_reciprocal(int d) { return d > 0 && (d & (d - 1)) == 0; }
 
 // The sources of a many-source kernel after the first `done` elements, as `Elem`s.
 template <class Elem>
@@ -194,6 +222,28 @@ void scalar_reduce_many(void* out, const void* const* src, int k, size_t n) {
     Elem r = scalar_step<Type, Op>(x[i], y[i]);
     for (int j = 2; j < k; ++j) r = scalar_step<Type, Op>(r, static_cast<const Elem*>(src[j])[i]);
     o[i] = r;
+  }
+}
+
+// buf[i] = store(load(buf[i]) / d): floating types in their arithmetic type (float for
+// f16 and bf16), by the reciprocal where divide_by_reciprocal(d) allows and
+// `kReciprocal` asks; integers truncate toward zero, divided as int64 so that no
+// divisor wraps in a narrow type.
+template <class Type, bool kReciprocal>
+void scalar_divide(void* buf, size_t n, int d) {
+  using Elem = typename Type::Elem;
+  using F = decltype(Type::load(Elem{}));
+  Elem* p = static_cast<Elem*>(buf);
+  if constexpr (std::is_floating_point_v<F>) {
+    if (kReciprocal && divide_by_reciprocal(d)) {
+      const F reciprocal = F(1) / static_cast<F>(d);
+      for (size_t i = 0; i < n; ++i) p[i] = Type::store(Type::load(p[i]) * reciprocal);
+      return;
+    }
+    const F divisor = static_cast<F>(d);
+    for (size_t i = 0; i < n; ++i) p[i] = Type::store(Type::load(p[i]) / divisor);
+  } else {
+    for (size_t i = 0; i < n; ++i) p[i] = static_cast<Elem>(static_cast<int64_t>(p[i]) / d);
   }
 }
 

@@ -38,6 +38,7 @@ struct Portable {
   template <class Type, class Op> static ReduceManyFn many() {
     return scalar_reduce_many<Type, Op>;
   }
+  template <class Type> static DivideFn divide() { return scalar_divide<Type, true>; }
 };
 
 }  // namespace
@@ -46,5 +47,6 @@ ReduceFn portable_kernel(DataType dtype, ReduceOp op) { return select_kernel<Por
 ReduceManyFn portable_many_kernel(DataType dtype, ReduceOp op) {
   return select_kernel<Portable, Many>(dtype, op);
 }
+DivideFn portable_divide(DataType dtype) { return select_divide<Portable>(dtype); }
 
 }  // namespace chorus::reduce_internal

@@ -113,34 +113,15 @@ struct Reference {
   template <class Type, class Op> static ReduceFn kernel() {
     return reduce_internal::scalar_reduce<Type, Op>;
   }
+  template <class Type> static DivideFn divide() {
+    return reduce_internal::scalar_divide<Type, false>;
+  }
 };
-
-template <class T>
-void divide_native(void* buf, size_t n, int d) {
-  T* p = static_cast<T*>(buf);
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(d));
-}
-
-template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
-void divide_16(void* buf, size_t n, int d) {
-  uint16_t* p = static_cast<uint16_t*>(buf);
-  for (size_t i = 0; i < n; ++i) p[i] = FromF(ToF(p[i]) / static_cast<float>(d));
-}
 
 }  // namespace
 
 void finish_avg(void* buf, size_t count, DataType dtype, int divisor) {
-  switch (dtype) {
-    case DataType::kFloat32: return divide_native<float>(buf, count, divisor);
-    case DataType::kFloat64: return divide_native<double>(buf, count, divisor);
-    case DataType::kFloat16: return divide_16<half_to_float, float_to_half>(buf, count, divisor);
-    case DataType::kBFloat16:
-      return divide_16<bfloat16_to_float, float_to_bfloat16>(buf, count, divisor);
-    case DataType::kInt8: return divide_native<int8_t>(buf, count, divisor);
-    case DataType::kUInt8: return divide_native<uint8_t>(buf, count, divisor);
-    case DataType::kInt32: return divide_native<int32_t>(buf, count, divisor);
-    case DataType::kInt64: return divide_native<int64_t>(buf, count, divisor);
-  }
+  divide_function(dtype, reduce_isa())(buf, count, divisor);
 }
 
 // ----- instruction sets -----
@@ -256,6 +237,17 @@ ReduceManyFn reduce_many_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
   return nullptr;
 }
 
+DivideFn divide_function(DataType dtype, ReduceIsa isa) {
+  require_supported(isa);
+  DivideFn fn = nullptr;
+  switch (isa) {
+    case ReduceIsa::kPortable: break;
+    case ReduceIsa::kAvx2: fn = reduce_internal::avx2_divide(dtype); break;
+    case ReduceIsa::kAvx512: fn = reduce_internal::avx512_divide(dtype); break;
+  }
+  return fn != nullptr ? fn : reduce_internal::portable_divide(dtype);
+}
+
 ReduceFn reduce_function(DataType dtype, ReduceOp op) {
   return reduce_function(dtype, op, reduce_isa());
 }
@@ -266,6 +258,10 @@ ReduceManyFn reduce_many_function(DataType dtype, ReduceOp op) {
 
 ReduceFn reference_reduce_function(DataType dtype, ReduceOp op) {
   return reduce_internal::select_kernel<Reference>(dtype, op);
+}
+
+DivideFn reference_divide_function(DataType dtype) {
+  return reduce_internal::select_divide<Reference>(dtype);
 }
 
 }  // namespace chorus

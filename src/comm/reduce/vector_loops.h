@@ -6,9 +6,10 @@
 //                         load, store, kNanFrom for the floating ones), deriving from
 //                         the domains Ps and Pd (floating) or integer ones;
 //   operators             Sum, Prod, Min, Max (Op::apply(domain, a, b), kArithmetic);
-//   keep_nan              for the Ps and Pd vectors.
-// It defines the pairwise kernel reduce(), the many-source reduce_many() and the kernel
-// table `Isa` for select_kernel (kernels.h). Everything here then has that file's target
+//   keep_nan              for the Ps and Pd vectors;
+//   Div, splat            a quotient, and a value in every lane, for Ps and Pd.
+// It defines the pairwise kernel reduce(), the many-source reduce_many(), finish_avg's
+// divide() and the kernel table `Isa` for select_kernel and select_divide (kernels.h). Everything here then has that file's target
 // and internal linkage. No include guard: it is meant to be included once per
 // instruction set.
 
@@ -107,6 +108,34 @@ CHORUS_REDUCE_TARGET void reduce_many(void* out, const void* const* src, int k, 
   for (int j = 2; j < k; ++j) step_partial<Type, Op>(o + i, o + i, source_at<Elem>(src, j, i), n - i);
 }
 
+// buf[i] op= s, vector by vector; the last n < kLanes elements through the same vector
+// code on a zero-padded copy.
+template <class Type, class Op, class V>
+CHORUS_REDUCE_TARGET void scale(typename Type::Elem* p, size_t n, V s) {
+  using Elem = typename Type::Elem;
+  size_t i = 0;
+  for (; i + Type::kLanes <= n; i += Type::kLanes) Type::store(p + i, Op::apply(Type{}, Type::load(p + i), s));
+  if (i == n) return;
+  Elem tmp[Type::kLanes] = {};
+  std::memcpy(tmp, p + i, (n - i) * sizeof(Elem));
+  Type::store(tmp, Op::apply(Type{}, Type::load(tmp), s));
+  std::memcpy(p + i, tmp, (n - i) * sizeof(Elem));
+}
+
+// scalar_divide (kernels.h) on vectors, for the floating types: the divisor and its
+// reciprocal are converted to the lanes' type as the scalar code converts them (int to
+// double is exact, and double to float rounds as int to float does). A lane holding a
+// NaN keeps it, quieted, as the scalar operations do: the divisor is never one.
+template <class Type>
+CHORUS_REDUCE_TARGET void divide(void* buf, size_t n, int d) {
+  auto* p = static_cast<typename Type::Elem*>(buf);
+  if (divide_by_reciprocal(d)) {
+    scale<Type, Prod>(p, n, splat(Type{}, 1.0 / d));
+  } else {
+    scale<Type, Div>(p, n, splat(Type{}, static_cast<double>(d)));
+  }
+}
+
 // The kernel table select_kernel (kernels.h) reads.
 struct Isa {
   using F32 = reduce_internal::F32;
@@ -128,5 +157,14 @@ struct Isa {
   template <class Type, class Op>
   static ReduceManyFn many() {
     return reduce_many<Type, Op>;
+  }
+  // Integers: none (the portable kernels divide them).
+  template <class Type>
+  static DivideFn divide() {
+    if constexpr (kFloating<Type>) {
+      return reduce_internal::divide<Type>;
+    } else {
+      return nullptr;
+    }
   }
 };

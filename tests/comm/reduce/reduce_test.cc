@@ -241,6 +241,51 @@ TEST_P(ReduceSweep, MatchesReferenceBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, ReduceSweep, testing::ValuesIn(sweep_params()), sweep_name);
 
+// ----- finish_avg's divide -----
+
+// divide_function(dtype, isa) gives the reference's bytes (a division per element) for
+// divisors that are powers of two (multiplied by their reciprocal) and others, 1 and
+// divisors beyond what the narrow types hold included, over every count of the sweep,
+// at an odd element offset too; nothing is written outside the buffer.
+class DivideSweep : public testing::TestWithParam<SweepParam> {};
+
+TEST_P(DivideSweep, MatchesReferenceBitwise) {
+  auto [isa, dtype] = GetParam();
+  if (!reduce_isa_supported(isa)) GTEST_SKIP() << reduce_isa_name(isa) << " is not supported here";
+  std::mt19937_64 rng(static_cast<uint64_t>(dtype) * 7919 + 3);
+  const std::vector<uint8_t> input = make_input(dtype, kMaxCount, rng, nullptr);
+  const size_t size = dtype_size(dtype);
+  DivideFn fn = divide_function(dtype, isa);
+  ASSERT_NE(fn, nullptr);
+  int failed = 0;
+  for (int divisor : {1, 2, 3, 4, 5, 7, 8, 64, 100, 128, 255, 256, 1000, 4096, 16777217, 1 << 30}) {
+    for (size_t count : kCounts) {
+      for (size_t offset : {0, 1}) {
+        std::vector<uint8_t> expected(input.begin(), input.begin() + static_cast<ptrdiff_t>(count * size));
+        reference_divide_function(dtype)(expected.data(), count, divisor);
+        GuardedBuffer buf(count * size, offset * size);
+        std::memcpy(buf.data(), input.data(), count * size);
+        fn(buf.data(), count, divisor);
+        std::string error;
+        if (!buf.guards_intact()) error = "wrote outside its buffer";
+        for (size_t i = 0; i < count && error.empty(); ++i) {
+          if (std::memcmp(buf.data() + i * size, expected.data() + i * size, size) != 0) {
+            error = "element " + std::to_string(i) + ": " + hex(input.data() + i * size, size) + " / " +
+                    std::to_string(divisor) + " = " + hex(expected.data() + i * size, size) +
+                    " in the reference, " + hex(buf.data() + i * size, size);
+          }
+        }
+        if (error.empty()) continue;
+        ADD_FAILURE() << reduce_isa_name(isa) << " " << dtype_name(dtype) << " count " << count << " offset "
+                      << offset << ": " << error;
+        if (++failed >= kMaxFailedCases) return;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, DivideSweep, testing::ValuesIn(sweep_params()), sweep_name);
+
 // ----- many sources in one pass -----
 
 // reduce_many_function(dtype, op, isa) over k sources gives the bytes of the reference
@@ -462,6 +507,26 @@ ReduceIsa best_supported() {
     if (reduce_isa_supported(isa)) best = isa;
   }
   return best;
+}
+
+// The reference divides element by element: truncation toward zero for integers, also
+// by divisors a narrow type cannot hold; one rounding of the float quotient for f16.
+TEST(ReduceReference, DividesAsTheDocumentedSemantics) {
+  auto divide = [](DataType dtype, auto value, int divisor) {
+    reference_divide_function(dtype)(&value, 1, divisor);
+    return value;
+  };
+  EXPECT_EQ(divide(DataType::kFloat32, 3.0f, 2), 1.5f);
+  EXPECT_EQ(divide(DataType::kFloat32, 1.0f, 3), 1.0f / 3.0f);
+  EXPECT_EQ(divide(DataType::kFloat64, 1.0, 3), 1.0 / 3.0);
+  EXPECT_EQ(bits_of(divide(DataType::kFloat32, -0.0f, 4)), 0x80000000u);
+  EXPECT_EQ(bits_of(divide(DataType::kFloat32, float_of(0x7fa00001), 2)), 0x7fe00001u);  // quieted
+  EXPECT_EQ(bits_of(divide(DataType::kFloat32, float_of(0x00000003), 2)), 0x00000002u);  // to even
+  EXPECT_EQ(divide(DataType::kInt8, int8_t{-7}, 2), int8_t{-3});
+  EXPECT_EQ(divide(DataType::kInt8, int8_t{127}, 200), int8_t{0});
+  EXPECT_EQ(divide(DataType::kUInt8, uint8_t{255}, 256), uint8_t{0});
+  EXPECT_EQ(divide(DataType::kInt64, int64_t{-9}, 4), int64_t{-2});
+  EXPECT_EQ(divide(DataType::kFloat16, uint16_t{0x3c00}, 3), float_to_half(1.0f / 3.0f));  // 1.0
 }
 
 TEST(ReduceIsaChoice, ResolvesNamesAndFallsBack) {
