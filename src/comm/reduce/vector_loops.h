@@ -9,9 +9,9 @@
 //   keep_nan              for the Ps and Pd vectors;
 //   Div, splat            a quotient, and a value in every lane, for Ps and Pd.
 // It defines the pairwise kernel reduce(), the many-source reduce_many(), finish_avg's
-// divide() and the kernel table `Isa` for select_kernel and select_divide (kernels.h). Everything here then has that file's target
-// and internal linkage. No include guard: it is meant to be included once per
-// instruction set.
+// divide() and the kernel table `Isa` for select_kernel and select_divide (kernels.h).
+// Everything here then has that file's target and internal linkage. No include guard:
+// it is meant to be included once per instruction set.
 
 template <class Type>
 constexpr bool kFloating = std::is_base_of_v<Ps, Type> || std::is_base_of_v<Pd, Type>;
@@ -114,7 +114,9 @@ template <class Type, class Op, class V>
 CHORUS_REDUCE_TARGET void scale(typename Type::Elem* p, size_t n, V s) {
   using Elem = typename Type::Elem;
   size_t i = 0;
-  for (; i + Type::kLanes <= n; i += Type::kLanes) Type::store(p + i, Op::apply(Type{}, Type::load(p + i), s));
+  for (; i + Type::kLanes <= n; i += Type::kLanes) {
+    Type::store(p + i, Op::apply(Type{}, Type::load(p + i), s));
+  }
   if (i == n) return;
   Elem tmp[Type::kLanes] = {};
   std::memcpy(tmp, p + i, (n - i) * sizeof(Elem));
