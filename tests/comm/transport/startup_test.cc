@@ -260,6 +260,21 @@ TEST(StartupMesh, ARankIsTakenWhenItAuthenticatesNotWhenItIsClaimed) {
       << timeout;
 }
 
+// A rank whose peers never connect names the address it published, where they were to
+// reach it: a wrong interface makes that rank time out first as often as not, and then
+// its message is the only one that can name the address.
+TEST(StartupMesh, ARankNobodyReachesNamesTheAddressItPublished) {
+  net::Fd listener = net::listen_on(kLoopback, 0);
+  const std::string at = net::local_address(listener.get()).str();
+  tcp::Acceptor acceptor(std::move(listener), tcp::Expected{0, 3, "startup", "startup-token"},
+                         std::make_shared<const net::AllowList>(), Deadline(1s));
+  std::string timeout = test::error_of<TimeoutError>([&] { acceptor.wait(); });
+  EXPECT_NE(timeout.find("rank 0 never got a valid connection from rank(s) 1 2 within the connect "
+                         "timeout, on " + at + ", the address it published"),
+            std::string::npos)
+      << timeout;
+}
+
 // ---- An inconsistent world size ----
 
 struct SizeMismatch {

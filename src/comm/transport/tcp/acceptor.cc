@@ -43,6 +43,7 @@ struct Acceptor::Pending {
 Acceptor::Acceptor(net::Fd listener, Expected expected,
                    std::shared_ptr<const net::AllowList> allowlist, const Deadline& deadline)
     : listener_(std::move(listener)),
+      listening_(net::local_address(listener_.get()).str()),
       wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       expected_(std::move(expected)),
       allowlist_(std::move(allowlist)),
@@ -263,10 +264,16 @@ std::string Acceptor::missing_ranks() const {
   return who;
 }
 
+// Names the address the others were to reach: where one rank published an address its
+// peers cannot reach (an interface chosen by CHORUS_IF_IP, CHORUS_SOCKET_IFNAME or
+// HCCL_IF_IP that leads nowhere), that rank may be the first to time out, and then its
+// message is the only one the job prints.
 std::string Acceptor::timeout_message() const {
   return "connecting communicator '" + expected_.comm_id + "': rank " +
          std::to_string(expected_.rank) + " never got a valid connection from rank(s)" +
-         missing_ranks() + " within the connect timeout" +
+         missing_ranks() + " within the connect timeout, on " + listening_ +
+         ", the address it published (can they reach it? CHORUS_IF_IP, CHORUS_SOCKET_IFNAME "
+         "and HCCL_IF_IP choose it)" +
          (last_refusal_.empty() ? "" : "; last refused: " + last_refusal_);
 }
 

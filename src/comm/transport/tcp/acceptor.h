@@ -49,7 +49,8 @@ class Acceptor {
 
   // Waits until every other rank's connection has authenticated and returns them,
   // indexed by rank (this rank's own entry invalid). Throws TimeoutError at the
-  // deadline naming the ranks that never connected and the last refusal.
+  // deadline naming the ranks that never connected, the address they were to reach
+  // (a wrong interface is the usual cause) and the last refusal.
   std::vector<net::Fd> wait();
 
   // This rank gives up (its own connections failed): the thread stops, telling the
@@ -74,6 +75,7 @@ class Acceptor {
   std::string timeout_message() const;
 
   net::Fd listener_;
+  std::string listening_;  // "ip:port", the address this rank published for its peers
   net::Fd wakeup_;  // eventfd: stop() makes poll() return
   Expected expected_;
   std::shared_ptr<const net::AllowList> allowlist_;
