@@ -1,6 +1,8 @@
 #include "comm/communicator/communicator_impl.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "chorus/error.h"
 #include "comm/common/allowlist.h"
@@ -30,6 +32,12 @@ std::string choose_listen_address(const CommOptions& options, Store* store) {
   }
   return "127.0.0.1";
 }
+
+// How long the progress thread leaves an operation to its callers when every core of
+// the node is taken by its ranks (ProgressEngineBase::set_no_spare_core()): an operation
+// nobody waits for starts this much later. chorus-mnist's first bucket is issued some
+// 2 ms before its backward pass ends and the rank waits for it.
+constexpr auto kNoSpareCoreClaimGrace = std::chrono::milliseconds(5);
 
 }  // namespace
 
@@ -65,6 +73,12 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   shape_.segment_bytes = options_.segment_bytes;
   cost_ = parse_cost_params(options_.cost_model);
   finish_creation(*ledger);
+  // Every rank on this node and no core left over for the progress threads (the ranks'
+  // own threads, one computing each, take them all).
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (all_in_shared_memory() && static_cast<unsigned>(topology_.local_size) >= cores) {
+    engine_.set_no_spare_core(kNoSpareCoreClaimGrace);
+  }
   engine_.start();
   // CHORUS_DEBUG=INFO (or CHORUS_LOG_LEVEL=info): how this communicator was set up.
   CHORUS_LOG(kInfo, "communicator set up on " << where() << ": "

@@ -32,9 +32,12 @@ void ProgressEngineBase::rest(uint32_t seen, Clock::time_point& last_active) {
   // a fraction of a millisecond, as this loop once took, woke it some 40 times in
   // every 10 ms training step and took that much from the rank's computation
   // (chorus-mnist, 2 ranks on 2 cores: 26,700 context switches in 305 steps -> 5,700).
+  // Without a spare core each nap takes a core from a computation: they last the claim
+  // grace, which an operation waits out anyway before this thread runs it.
   if (Clock::now() - last_active < kProgressLinger &&
       helped_streak_.load(std::memory_order_relaxed) >= kHelpedStreak) {
-    futex_wait_change(queue_signal_, seen, Clock::now() + kHelpedTick, std::chrono::microseconds(0));
+    const std::chrono::microseconds tick = no_spare_core_ ? busy_claim_grace_ : kHelpedTick;
+    futex_wait_change(queue_signal_, seen, Clock::now() + tick, std::chrono::microseconds(0));
     return;
   }
   // Idle: sleep until enqueue() wakes us. Announce the sleep first; a waker that

@@ -46,6 +46,24 @@ class ProgressEngineBase {
   ProgressEngineBase(const ProgressEngineBase&) = delete;
   ProgressEngineBase& operator=(const ProgressEngineBase&) = delete;
 
+  // Every core of the node is taken by the ranks' own threads (as many local ranks as
+  // cores, or more, all peers local): set once, before start(). The progress thread then
+  // has no core of its own; each time it runs, it takes one from a rank's computation,
+  // and nothing is gained by starting an operation before somebody waits for it. So
+  // the thread leaves every operation to its callers for `claim_grace`, asleep (not
+  // yielding, as with a spare core: each yield was a context switch on a busy core), a
+  // caller that waits runs what is queued behind its operation too (no hand-over to the
+  // thread), and the naps of a streak of operations their callers ran (rest()) last the
+  // grace. An operation nobody waits for still starts within about twice the grace.
+  // chorus-mnist, 2 ranks on 2 cores: the progress threads woke some 4 times a step each
+  // and spun in waits for the other rank's progress thread mid-backward, preempting the
+  // computation 5 times a step (1.3 in plain libtorch); docs/performance.md has the rest.
+  void set_no_spare_core(std::chrono::microseconds claim_grace) {
+    no_spare_core_ = true;
+    busy_claim_grace_ = claim_grace;
+  }
+  bool no_spare_core() const { return no_spare_core_; }
+
   // Wakes the progress thread whether it sleeps or naps (an abort, stop()).
   void wake() {
     queue_signal_.fetch_add(1, std::memory_order_seq_cst);
@@ -81,6 +99,9 @@ class ProgressEngineBase {
   // Operations run in a row by threads that wait for them (help()), 0 after one run by
   // the progress thread. Written by the runner, read by the progress thread.
   std::atomic<uint32_t> helped_streak_{0};
+  // set_no_spare_core(); written before start() only.
+  bool no_spare_core_ = false;
+  std::chrono::microseconds busy_claim_grace_{0};
 };
 
 template <class Op>
@@ -229,7 +250,18 @@ template <class Op>
 bool ProgressEngine<Op>::run_queued(const WorkState* until) {
   bool expected = false;
   if (!running_.compare_exchange_strong(expected, true, std::memory_order_acquire)) return false;
-  while (until == nullptr || !until->completed()) {
+  // Without a spare core a helper also runs what was queued behind `until` when it
+  // completed (DDP's later buckets): handed to the progress thread, it would take a
+  // core from a computation. What is queued after that is not its: a thread that keeps
+  // issuing must not keep the caller here.
+  std::optional<size_t> behind;
+  while (true) {
+    if (until != nullptr && !behind && until->completed()) {
+      if (!no_spare_core_) break;
+      std::lock_guard<std::mutex> lock(mutex_);
+      behind = queue_.size();
+    }
+    if (behind && (*behind)-- == 0) break;
     std::optional<Op> op = pop();
     if (!op) break;
     runner_.run(*op);
@@ -258,12 +290,13 @@ void ProgressEngine<Op>::loop() {
   Clock::time_point last_active = Clock::now();
   while (true) {
     uint32_t seen = queue_signal_.load(std::memory_order_acquire);
-    bool pending;
+    bool pending, stopping;
     Clock::time_point queued_at;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       pending = !queue_.empty();
-      if (!pending && stopping_) break;
+      stopping = stopping_;
+      if (!pending && stopping) break;
       if (pending) queued_at = queue_.front().queued_at;
     }
     if (pending) last_active = Clock::now();
@@ -274,9 +307,18 @@ void ProgressEngine<Op>::loop() {
     // next one too: on one of 2 ranks in a loop of waited 64 KiB allreduces it ran
     // 49,960 of 50,000, with a sleep and a wake-up each. Yielding gives a caller it
     // preempted its core back; an operation nobody waits for starts 50 us later.
-    if (pending && last_active - queued_at < kClaimGrace && !aborted_.load()) {
-      sched_yield();
-      continue;
+    if (pending && !stopping && !aborted_.load()) {
+      if (no_spare_core_) {
+        // Asleep through the grace: an enqueue() does not wake us (we are not
+        // sleeping, as it sees it), an abort or stop() does.
+        if (last_active - queued_at < busy_claim_grace_) {
+          futex_wait_change(queue_signal_, seen, queued_at + busy_claim_grace_, std::chrono::microseconds(0));
+          continue;
+        }
+      } else if (last_active - queued_at < kClaimGrace) {
+        sched_yield();
+        continue;
+      }
     }
     if ((pending || (aborted_.load() && !abort_handled_)) && run_queued(nullptr)) continue;
     rest(seen, last_active);

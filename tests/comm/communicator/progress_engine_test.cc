@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -19,6 +20,7 @@ struct FakeOp {
   uint64_t seq = 0;
   int issuer = 0;
   std::shared_ptr<WorkState> work;
+  std::thread::id ran_on;  // recorded by the runner
 };
 
 class RecordingRunner : public ProgressEngine<FakeOp>::Runner {
@@ -27,11 +29,14 @@ class RecordingRunner : public ProgressEngine<FakeOp>::Runner {
     if (inside_.fetch_add(1) != 0) overlapped_ = true;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      ran_.push_back({op.stream, op.seq, op.issuer, nullptr});
+      ran_.push_back({op.stream, op.seq, op.issuer, nullptr, std::this_thread::get_id()});
     }
+    if (on_run) on_run(op);
     inside_.fetch_sub(1);
     op.work->complete(nullptr);
   }
+  // Called inside run(), before the operation completes.
+  std::function<void(FakeOp&)> on_run;
   void on_abort() override { aborts_.fetch_add(1); }
 
   std::vector<FakeOp> ran() {
@@ -145,6 +150,60 @@ TEST(ProgressEngine, AbortHookRunsOnce) {
   engine.stop();
   EXPECT_EQ(runner.aborts(), 1);
   EXPECT_EQ(runner.ran().size(), 11u);
+}
+
+// Without a spare core (set_no_spare_core()), a caller that waits runs what was queued
+// behind its operation too, instead of handing it to the progress thread, but not what
+// is queued after its operation completed; that, which nobody waits for, the progress
+// thread still runs once the grace has passed.
+TEST(ProgressEngine, WithoutASpareCoreTheHelperRunsWhatWasQueuedBehindItsOperation) {
+  RecordingRunner runner;
+  std::atomic<bool> aborted{false};
+  ProgressEngine<FakeOp> engine(runner, aborted);
+  // Long enough that the thread never takes the first two before help() below.
+  engine.set_no_spare_core(std::chrono::milliseconds(300));
+  ASSERT_TRUE(engine.no_spare_core());
+  engine.start();
+  std::shared_ptr<WorkState> late;
+  runner.on_run = [&](FakeOp& op) {
+    if (op.issuer == 1) late = issue(engine, 0, 2);  // queued after the first completed
+  };
+  auto first = issue(engine, 0, 0);
+  auto second = issue(engine, 1, 1);
+  engine.help(*first);
+  EXPECT_TRUE(first->completed());
+  EXPECT_TRUE(second->completed());
+  ASSERT_NE(late, nullptr);
+  wait_for(*late);  // not helped: the progress thread runs it
+  engine.stop();
+  std::vector<FakeOp> ran = runner.ran();
+  ASSERT_EQ(ran.size(), 3u);
+  EXPECT_EQ(ran[0].issuer, 0);
+  EXPECT_EQ(ran[1].issuer, 1);
+  EXPECT_EQ(ran[2].issuer, 2);
+  EXPECT_EQ(ran[0].ran_on, std::this_thread::get_id());
+  EXPECT_EQ(ran[1].ran_on, std::this_thread::get_id());
+  EXPECT_NE(ran[2].ran_on, std::this_thread::get_id());
+  EXPECT_FALSE(runner.overlapped());
+}
+
+// The same with a spare core (the default): the helper stops at its own operation, and
+// the progress thread runs what is queued behind it (and the first too, when the caller
+// came after the grace).
+TEST(ProgressEngine, WithASpareCoreTheHelperStopsAtItsOperation) {
+  RecordingRunner runner;
+  std::atomic<bool> aborted{false};
+  ProgressEngine<FakeOp> engine(runner, aborted);
+  EXPECT_FALSE(engine.no_spare_core());
+  engine.start();
+  auto first = issue(engine, 0, 0);
+  auto second = issue(engine, 0, 1);
+  engine.help(*first);
+  wait_for(*second);
+  engine.stop();
+  std::vector<FakeOp> ran = runner.ran();
+  ASSERT_EQ(ran.size(), 2u);
+  EXPECT_NE(ran[1].ran_on, std::this_thread::get_id());
 }
 
 }  // namespace
