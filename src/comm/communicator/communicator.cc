@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "chorus/error.h"
 #include "comm/common/allowlist.h"
@@ -75,10 +74,7 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   finish_creation(*ledger);
   // Every rank on this node and no core left over for the progress threads (the ranks'
   // own threads, one computing each, take them all).
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  if (all_in_shared_memory() && static_cast<unsigned>(topology_.local_size) >= cores) {
-    engine_.set_no_spare_core(kNoSpareCoreClaimGrace);
-  }
+  if (all_in_shared_memory() && shm_->no_spare_core()) engine_.set_no_spare_core(kNoSpareCoreClaimGrace);
   engine_.start();
   // CHORUS_DEBUG=INFO (or CHORUS_LOG_LEVEL=info): how this communicator was set up.
   CHORUS_LOG(kInfo, "communicator set up on " << where() << ": "

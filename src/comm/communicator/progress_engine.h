@@ -307,18 +307,16 @@ void ProgressEngine<Op>::loop() {
     // next one too: on one of 2 ranks in a loop of waited 64 KiB allreduces it ran
     // 49,960 of 50,000, with a sleep and a wake-up each. Yielding gives a caller it
     // preempted its core back; an operation nobody waits for starts 50 us later.
-    if (pending && !stopping && !aborted_.load()) {
+    const std::chrono::microseconds grace = no_spare_core_ ? busy_claim_grace_ : kClaimGrace;
+    if (pending && !stopping && !aborted_.load() && last_active - queued_at < grace) {
+      // Without a spare core, asleep through the grace: an enqueue() does not wake us
+      // (we are not sleeping, as it sees it), an abort or stop() does.
       if (no_spare_core_) {
-        // Asleep through the grace: an enqueue() does not wake us (we are not
-        // sleeping, as it sees it), an abort or stop() does.
-        if (last_active - queued_at < busy_claim_grace_) {
-          futex_wait_change(queue_signal_, seen, queued_at + busy_claim_grace_, std::chrono::microseconds(0));
-          continue;
-        }
-      } else if (last_active - queued_at < kClaimGrace) {
+        futex_wait_change(queue_signal_, seen, queued_at + grace, std::chrono::microseconds(0));
+      } else {
         sched_yield();
-        continue;
       }
+      continue;
     }
     if ((pending || (aborted_.load() && !abort_handled_)) && run_queued(nullptr)) continue;
     rest(seen, last_active);

@@ -58,7 +58,7 @@ std::shared_ptr<WorkState> issue(ProgressEngine<FakeOp>& engine, size_t stream, 
   std::shared_ptr<WorkState> work;
   engine.enqueue(stream, [&](uint64_t seq, std::chrono::steady_clock::time_point) {
     work = std::make_shared<WorkState>("op", seq, std::weak_ptr<Executor>());
-    return FakeOp{stream, seq, issuer, work};
+    return FakeOp{stream, seq, issuer, work, {}};
   });
   return work;
 }

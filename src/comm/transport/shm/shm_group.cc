@@ -50,6 +50,7 @@ ShmGroup::ShmGroup(const GroupConfig& config, Segment segment, int local_rank)
   data_ = segment_.data() + data_offset(local_size_);
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   oversubscribed_ = static_cast<unsigned>(local_size_) > cores;
+  no_spare_core_ = static_cast<unsigned>(local_size_) >= cores;
   crowded_ = static_cast<unsigned>(local_size_) > 2 * cores;
   pidfds_.assign(local_size_, -1);
   channel_bytes_ = channel_bytes_for(local_size_);

@@ -121,6 +121,9 @@ class ShmGroup final : public NodeGroup {
   // More local ranks than cores: waits then yield, not spin.
   bool oversubscribed() const override { return oversubscribed_; }
   bool crowded() const override { return crowded_; }
+  // As many local ranks as cores, or more: no core is left for the ranks' progress
+  // threads (ProgressEngineBase::set_no_spare_core()).
+  bool no_spare_core() const { return no_spare_core_; }
   void publish_buffers(const void* in, void* out) override;
   uint64_t peer_in(int i) const override;
   void read_peer(int i, uint64_t from, void* to, size_t bytes) override;
@@ -221,6 +224,7 @@ class ShmGroup final : public NodeGroup {
   // More local ranks than cores: a spinning rank would take the core from the one it
   // waits for, so waits yield instead of spinning.
   bool oversubscribed_ = false;
+  bool no_spare_core_ = false;
   bool crowded_ = false;
   static constexpr int kSpins = 20000;
   static constexpr int kOversubscribedYields = 64;
