@@ -111,6 +111,20 @@ bool shared_allreduce_start(const Context& ctx, transport::shm::NodeGroup& g,
                             const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
                             size_t count, bool avg, int polls);
 void shared_allreduce_finish(const Context& ctx, transport::shm::NodeGroup& g, size_t count, bool avg);
+// The largest allreduce on node-shared buffers that the communicator runs whole at
+// issue (_start()). Larger ones stay queued, so that a caller that issues them and goes
+// on computing (DDP's buckets during backward) overlaps them with its work; up to here
+// an allreduce takes a few microseconds (64 KiB, 2 ranks: 2.3), which the queue's
+// bookkeeping and the hand-over to the caller's wait() lengthened by a tenth.
+inline constexpr size_t kSharedAllreduceAtIssueBytes = 256 * 1024;
+// Whether a larger one is entered at issue: where the node has no core to spare, its
+// ranks enter it when they issue it (_arrive(), then _finish() later from the queue), and
+// its pieces are shared work, so that the first rank to wait does every piece while its
+// peers still compute (DDP's first bucket, reduced by the rank whose backward pass ended
+// first). Every rank of the node decides alike.
+bool shared_allreduce_arrives_at_issue(const transport::shm::NodeGroup& g, size_t bytes);
+void shared_allreduce_arrive(transport::shm::NodeGroup& g, const transport::shm::SharedRef& in,
+                             const transport::shm::SharedRef& out, size_t count);
 void shared_reduce_scatter(const Context& ctx, transport::shm::NodeGroup& g,
                            const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
                            size_t recv_count, bool avg);

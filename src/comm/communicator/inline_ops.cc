@@ -24,12 +24,6 @@ namespace {
 constexpr int kInlinePolls = 128;
 // The largest inline allreduce through the segment.
 constexpr size_t kInlineBytes = 4096;
-// The largest inline allreduce on node-shared buffers (the direct path). Larger ones
-// stay queued for the progress thread, so that a caller that issues them and goes on
-// computing (DDP's buckets during backward) overlaps them with its work; up to here an
-// allreduce takes a few microseconds (64 KiB, 2 ranks: 2.3), which the queue's
-// bookkeeping and the hand-over to the caller's wait() lengthened by a tenth.
-constexpr size_t kInlineSharedBytes = 256 * 1024;
 
 }  // namespace
 
@@ -96,15 +90,29 @@ std::optional<Work> CommunicatorImpl::allreduce_inline(const void* send, void* r
   });
 }
 
-// The direct path's allreduce at issue: once every rank has entered it (the polls),
-// the rest runs here too. That waits for the peers' pieces, but every peer is inside
-// this very call by then, and one that left its own rest to its queue has its progress
-// thread finish it: issuing still never waits on what a peer issues later, or on
-// another communicator.
+// The direct path's allreduce at issue. Up to kSharedAllreduceAtIssueBytes: once every
+// rank has entered it (the polls), the rest runs here too. That waits for the peers'
+// pieces, but every peer is inside this very call by then, and one that left its own
+// rest to its queue has its progress thread finish it: issuing still never waits on
+// what a peer issues later, or on another communicator. Larger, where the node has no
+// core to spare: the call is only entered here, and all of it is left to the queue,
+// whose first runner on any rank does the pieces (shared_allreduce_arrives_at_issue()).
 std::optional<Work> CommunicatorImpl::shared_allreduce_inline(const transport::shm::SharedRef& in,
                                                               const transport::shm::SharedRef& out,
                                                               size_t count, const OpSpec& spec) {
-  if (count * dtype_size(spec.dtype) > kInlineSharedBytes || !inline_possible()) return std::nullopt;
+  const size_t bytes = count * dtype_size(spec.dtype);
+  if (bytes > alg::kSharedAllreduceAtIssueBytes) {
+    if (!options_.shm_inline || options_.check_consistency || !all_in_shared_memory() ||
+        !alg::shared_allreduce_arrives_at_issue(*shm_, bytes)) {
+      return std::nullopt;
+    }
+    return issue_inline(spec, [&](const alg::Context& ctx, OpBody& rest) {
+      alg::shared_allreduce_arrive(*ctx.node, in, out, count);
+      rest = [=](const alg::Context& c) { alg::shared_allreduce_finish(c, *c.node, count, c.average); };
+      return false;
+    });
+  }
+  if (!inline_possible()) return std::nullopt;
   return issue_inline(spec, [&](const alg::Context& ctx, OpBody& rest) {
     if (alg::shared_allreduce_start(ctx, *ctx.node, in, out, count, ctx.average, kInlinePolls)) return true;
     rest = [=](const alg::Context& c) { alg::shared_allreduce_finish(c, *c.node, count, c.average); };

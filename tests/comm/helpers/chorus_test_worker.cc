@@ -20,6 +20,14 @@
 //   rank; "started" after op 0 completed. On a chorus::Error it prints
 //   "worker: rank R failed in op I (KIND)" on stderr before the error itself.
 //
+// Usage: chorus_test_worker first-waiter COUNT
+//   One in-place allreduce of COUNT f32 elements on node-shared memory, after a
+//   barrier. Every rank but 0 issues it and stops itself (SIGSTOP) without waiting for
+//   it; rank 0 waits for it and prints "reduced" once it has the result, so the test
+//   sees that the first rank to wait did every piece of the call while its peers held
+//   no core. Once continued (SIGCONT), a peer checks that its buffer already holds the
+//   result, then waits. Every rank prints "ok" after a last barrier.
+//
 // Usage: chorus_test_worker elastic-round ROUND
 //   For tests/run/elastic_test.cc. Prints its place from the launcher's environment,
 //   "rank R world W local L/LW group G/GW restart C" (stdout), then one checked
@@ -32,6 +40,7 @@
 // 4 any other exception; 5 a wrong result.
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -105,6 +114,43 @@ int allreduce_loop(long iters, size_t count) {
     }
   }
   if (shared) std::printf("mapped %d\n", count_memory_files() - 1);
+  std::printf("ok\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+// ----- first-waiter -----
+
+int first_waiter(size_t count) {
+  auto comm = chorus::Communicator::from_env();
+  const int rank = comm->rank(), size = comm->size();
+  auto shared_buf = chorus::allocate_shared(count * sizeof(float));
+  auto* buf = static_cast<float*>(shared_buf->data());
+  for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i, 0);
+  auto check = [&](const char* when) {
+    for (size_t i = 0; i < count; ++i) {
+      if (buf[i] != expected(size, i, 0)) {
+        std::fprintf(stderr, "worker rank %d: %s, element %zu is %g, not the sum %g\n", rank, when, i,
+                     buf[i], expected(size, i, 0));
+        return false;
+      }
+    }
+    return true;
+  };
+  comm->barrier().wait();
+  chorus::Work w = comm->allreduce(buf, count, chorus::DataType::kFloat32, chorus::ReduceOp::kSum);
+  if (rank == 0) {
+    w.wait();
+    if (!check("after its wait")) return 5;
+    std::printf("reduced\n");
+    std::fflush(stdout);
+  } else {
+    std::raise(SIGSTOP);
+    if (!check("continued, before its wait")) return 5;
+    w.wait();
+    if (!check("after its wait")) return 5;
+  }
+  comm->barrier().wait();
   std::printf("ok\n");
   std::fflush(stdout);
   return 0;
@@ -321,6 +367,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: chorus_test_worker allreduce-loop ITERS COUNT\n"
                "       chorus_test_worker collectives-loop ITERS MAX_COUNT SEED\n"
+               "       chorus_test_worker first-waiter COUNT\n"
                "       chorus_test_worker elastic-round ROUND\n");
   return 2;
 }
@@ -334,6 +381,9 @@ int main(int argc, char** argv) {
     if (mode == "allreduce-loop" && argc == 4) {
       return allreduce_loop(std::strtol(argv[2], nullptr, 10),
                             static_cast<size_t>(std::strtoull(argv[3], nullptr, 10)));
+    }
+    if (mode == "first-waiter" && argc == 3) {
+      return first_waiter(static_cast<size_t>(std::strtoull(argv[2], nullptr, 10)));
     }
     if (mode == "elastic-round" && argc == 3) return elastic_round(std::strtol(argv[2], nullptr, 10));
     if (mode == "collectives-loop" && argc == 5) {

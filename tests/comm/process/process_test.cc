@@ -233,6 +233,41 @@ TEST(ProcessTest, DirectPathMapsEachPeerBufferOnce) {
   EXPECT_TRUE(job.leftover_segments().empty());
 }
 
+// Whether process `pid` is stopped (state T in /proc/<pid>/stat).
+bool is_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
+// With no core to spare (as many ranks as cores), a large allreduce on node-shared
+// buffers is entered at issue and its pieces are shared work: the first rank to wait
+// does all of them while its peers compute (DDP's first bucket). Here the peers issue
+// it and stop (SIGSTOP), so nothing of theirs runs: rank 0 must still finish the call,
+// and a peer, once continued, must find the sum in its buffer before it waits. Were a
+// peer's part of the call left to its own threads, rank 0 would wait until the deadline.
+TEST(ProcessTest, TheFirstRankToWaitDoesEveryPieceWhileItsPeersAreStopped) {
+  if (!shm_algorithm_runs()) GTEST_SKIP() << "the shared-memory algorithm does not run here";
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (cores > 8) GTEST_SKIP() << "as many ranks as cores (" << cores << ") would be more than 8";
+  Job job(std::max(2, cores), {"first-waiter", "196615"});
+  ASSERT_TRUE(job.rank(0).wait_for_output("reduced", seconds(60)))
+      << "rank 0 did not finish the allreduce while its peers were stopped\n" << job.outputs();
+  for (int r = 1; r < job.size(); ++r) {
+    const auto until = Clock::now() + seconds(60);
+    while (!is_stopped(job.rank(r).pid()) && Clock::now() < until) std::this_thread::sleep_for(milliseconds(5));
+    ASSERT_TRUE(is_stopped(job.rank(r).pid())) << "rank " << r << " did not stop\n" << job.outputs();
+    job.rank(r).kill_group(SIGCONT);
+  }
+  for (int r = 0; r < job.size(); ++r) {
+    ASSERT_TRUE(job.rank(r).wait_for(seconds(60))) << "rank " << r << " still running\n" << job.outputs();
+    EXPECT_EQ(job.rank(r).exit_code(), 0) << "rank " << r << "\n" << job.outputs();
+    EXPECT_TRUE(contains(job.rank(r).stdout_text(), "ok")) << job.outputs();
+  }
+  job.kill_all();
+}
+
 // Rank 0 hosts the store: its death must still surface as a communication error naming
 // rank 0 within the deadline, not as a store timeout later.
 TEST(ProcessTest, KilledStoreHostIsNamedBySurvivors) { kill_one_and_expect_named_errors(3, 0); }

@@ -342,6 +342,51 @@ TEST(ShmGroupTest, SharedWorkHandsEveryPieceToOneRank) {
   }
 }
 
+// A round one rank does alone, as the first rank to wait does while its peers still
+// compute: it takes every piece of every rank's share, each once, and the others, who
+// begin the round only after its wait_work() returned, find none left and the round
+// done. The lone rank changes from round to round, so each rank's share counter is
+// taken by others and by itself in turn, and the next round's shares start where the
+// last ones ended.
+TEST(ShmGroupTest, OneRankCanDoEveryPieceOfARoundWhileThePeersAreAway) {
+  for (int size : {2, 3, 5}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    InMemoryStore store;
+    const size_t pieces_of_round[] = {1, 4, 7, 64, 2, 13};
+    std::atomic<size_t> round_done{0};  // rounds the lone rank has finished
+    auto errors = run_threads(size, [&](int rank) {
+      auto g = connect_group(store, rank, size);
+      for (size_t k = 0; k < 12; ++k) {
+        const size_t n = pieces_of_round[k % std::size(pieces_of_round)];
+        const int lone = static_cast<int>(k % static_cast<size_t>(size));
+        g->begin(op_info(k + 1, std::chrono::seconds(20)));
+        g->arrive();
+        g->wait_all();
+        if (rank != lone) {
+          while (round_done.load() <= k) std::this_thread::yield();
+        }
+        g->begin_work(n);
+        std::vector<int> got(n, 0);
+        for (int64_t i; (i = g->take_piece()) >= 0;) {
+          ASSERT_LT(static_cast<size_t>(i), n);
+          ++got[static_cast<size_t>(i)];
+          g->finish_piece();
+        }
+        g->wait_work();
+        if (rank == lone) {
+          for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], 1) << "round " << k << ", piece " << i;
+          round_done.store(k + 1);
+        } else {
+          ASSERT_EQ(std::count(got.begin(), got.end(), 0), static_cast<long>(n))
+              << "round " << k << ": rank " << rank << " took a piece of a finished round";
+        }
+      }
+      g->close();
+    });
+    test::rethrow_rank_failures(errors);
+  }
+}
+
 // A rank that holds a piece and does not finish it: the ranks waiting for the round
 // time out at their deadline naming it and what it was to do; one that aborts or
 // closes while holding it is a PeerError naming it. The holder is rank 1 of 3; the

@@ -8,11 +8,12 @@
 // order, and writes the sum into every rank's output (allreduce), or into its owner's
 // (reduce_scatter), or copies it from its owner into every rank's output (allgather,
 // broadcast). Every element is therefore computed once, so all ranks get the same
-// bytes. With no more ranks than cores each rank does a contiguous share of the pieces
-// and a second phase ends the call; with more, the pieces are NodeGroup's shared work,
-// so that the ranks that hold the cores do the work of those waiting for one
-// (run_pieces). Either way a rank returns only once every piece is done: by then
-// nobody reads or writes its buffers any more.
+// bytes. With a core to spare each rank does a contiguous share of the pieces and a
+// second phase ends the call; with more ranks than cores, and for a large allreduce
+// with as many, the pieces are NodeGroup's shared work, so that the ranks that hold the
+// cores do the work of those waiting for one or still computing (run_pieces). Either
+// way a rank returns only once every piece is done: by then nobody reads or writes its
+// buffers any more.
 //
 // Nothing is copied into the segment: an allreduce reads each rank's input once and
 // writes each rank's output once (the sum is copied from the cache into the others'
@@ -100,14 +101,14 @@ size_t piece_elems(const Context& ctx, const NodeGroup& g, size_t bytes) {
 }
 
 // Runs body(k) for every piece k of [0, pieces) once, on some rank, and returns once all
-// are done on every rank. With no more ranks than cores, each rank does a contiguous
-// share of the pieces and a phase ends the call: no counter that every piece bounces
-// between the cores. With more, the pieces are shared work (NodeGroup), so that the
-// ranks that hold the cores do the share of those that wait for one. Every rank of a
-// node sees the same oversubscribed(), so all take the same way.
+// are done on every rank. Unless `shared`, each rank does a contiguous share of the
+// pieces and a phase ends the call: no counter that every piece bounces between the
+// cores. When `shared`, the pieces are shared work (NodeGroup): whichever rank runs
+// takes the next one, so that the ranks that hold the cores do the share of those that
+// wait for one, or are still computing. Every rank must pass the same `shared`.
 template <class Body>
-void run_pieces(NodeGroup& g, uint64_t pieces, Body&& body) {
-  if (!g.oversubscribed()) {
+void run_pieces(NodeGroup& g, uint64_t pieces, bool shared, Body&& body) {
+  if (!shared) {
     const int p = g.local_size(), me = g.local_rank();
     const uint64_t first = block_begin(pieces, p, me), mine = block_count(pieces, p, me);
     for (uint64_t k = first; k < first + mine; ++k) body(k);
@@ -123,13 +124,17 @@ void run_pieces(NodeGroup& g, uint64_t pieces, Body&& body) {
   g.wait_work();
 }
 
-// The allreduce once every rank has entered it.
+// The allreduce once every rank has entered it. Its pieces are shared work with more
+// ranks than cores, and also where the call is entered at issue
+// (shared_allreduce_arrives_at_issue(): no core to spare), so that the first rank to
+// wait, whose peers may still be computing, does every piece it finds left.
 void shared_allreduce_pieces(const Context& ctx, NodeGroup& g, size_t count, bool avg) {
   const int p = g.local_size();
   const size_t e = ctx.elem, piece = piece_elems(ctx, g, count * e);
+  const bool shared = g.oversubscribed() || shared_allreduce_arrives_at_issue(g, count * e);
   Peers peers(g, std::vector<bool>(p, true));
   uint8_t* tmp = p > 2 ? ctx.scratch.get(piece * e, 0) : nullptr;
-  run_pieces(g, (count + piece - 1) / piece, [&](uint64_t k) {
+  run_pieces(g, (count + piece - 1) / piece, shared, [&](uint64_t k) {
     const Buffers& b = peers.get();
     const size_t at = k * piece, n = std::min(piece, count - at);
     uint8_t* sum = b.out[0] + at * e;
@@ -159,7 +164,19 @@ bool shared_allreduce_start(const Context& ctx, NodeGroup& g, const SharedRef& i
   return true;
 }
 
+bool shared_allreduce_arrives_at_issue(const NodeGroup& g, size_t bytes) {
+  return g.no_spare_core() && bytes > kSharedAllreduceAtIssueBytes;
+}
+
+void shared_allreduce_arrive(NodeGroup& g, const SharedRef& in, const SharedRef& out, size_t count) {
+  if (count == 0) return;
+  g.expect(static_cast<uint8_t>(wire_code(Collective::kAllreduce) | kSharedStep));
+  g.publish_shared(in, out);
+  g.arrive();
+}
+
 void shared_allreduce_finish(const Context& ctx, NodeGroup& g, size_t count, bool avg) {
+  if (count == 0) return;
   g.wait_all();
   shared_allreduce_pieces(ctx, g, count, avg);
 }
@@ -173,7 +190,7 @@ void shared_reduce_scatter(const Context& ctx, NodeGroup& g, const SharedRef& in
   Peers peers(g, std::vector<bool>(p, true));
   uint8_t* tmp = ctx.scratch.get(piece * e, 0);
   const size_t per_block = (recv_count + piece - 1) / piece;
-  run_pieces(g, per_block * static_cast<size_t>(p), [&](uint64_t k) {
+  run_pieces(g, per_block * static_cast<size_t>(p), g.oversubscribed(), [&](uint64_t k) {
     const Buffers& b = peers.get();
     const int owner = static_cast<int>(k / per_block);
     const size_t at = k % per_block * piece, n = std::min(piece, recv_count - at);
@@ -192,7 +209,7 @@ void shared_allgather(const Context& ctx, NodeGroup& g, const SharedRef& in, con
   enter(g, Collective::kAllgather, in, out);
   Peers peers(g, std::vector<bool>(p, true));
   const size_t per_block = (count + piece - 1) / piece;
-  run_pieces(g, per_block * static_cast<size_t>(p), [&](uint64_t k) {
+  run_pieces(g, per_block * static_cast<size_t>(p), g.oversubscribed(), [&](uint64_t k) {
     const Buffers& b = peers.get();
     const int owner = static_cast<int>(k / per_block);
     const size_t at = k % per_block * piece, n = std::min(piece, count - at);
@@ -213,7 +230,7 @@ void shared_broadcast(const Context& ctx, NodeGroup& g, const SharedRef& in, con
   with_in[root] = true;
   enter(g, Collective::kBroadcast, g.local_rank() == root ? in : SharedRef{}, out);
   Peers peers(g, std::move(with_in));
-  run_pieces(g, (count + piece - 1) / piece, [&](uint64_t k) {
+  run_pieces(g, (count + piece - 1) / piece, g.oversubscribed(), [&](uint64_t k) {
     const Buffers& b = peers.get();
     const size_t at = k * piece, n = std::min(piece, count - at);
     const uint8_t* from = b.in[root] + at * e;

@@ -30,9 +30,9 @@
 namespace chorus::transport::shm {
 
 inline constexpr uint64_t kMagic = 0x6d68732d73756f68ULL;  // "hous-shm"
-inline constexpr uint32_t kVersion = 8;
+inline constexpr uint32_t kVersion = 9;
 inline constexpr size_t kHeaderBytes = 4096;
-inline constexpr size_t kControlBytes = 1024;
+inline constexpr size_t kControlBytes = 1152;
 inline constexpr size_t kReasonBytes = 640;
 
 enum State : uint32_t { kActive = 0, kClosed = 1, kAborted = 2 };
@@ -98,8 +98,6 @@ struct ShmGroup::Header {
   uint64_t channel_bytes;
   alignas(64) uint32_t epoch;     // futex word: changes with every arrival and abort
   alignas(64) uint32_t sleepers;  // ranks asleep on `epoch`
-  alignas(64) uint64_t taken;     // shared work: pieces taken, in all rounds so far
-  alignas(64) uint64_t finished;  // shared work: pieces finished, in all rounds so far
 };
 
 struct ShmGroup::Control {
@@ -111,6 +109,11 @@ struct ShmGroup::Control {
   uint8_t small[2][NodeGroup::kSmallBytes];  // by phase parity: arrive_small()'s data
   alignas(64) uint32_t cpu;      // the CPU it ran on when it last arrived
   uint64_t working;              // shared work: 1 + the ticket of the piece it holds; 0: none
+  uint64_t done;                 // shared work: pieces it finished, in all rounds so far
+  // Shared work: tickets of this rank's share taken, in all rounds so far, by it or by
+  // a rank that ran out of its own; on a line of its own, which only this rank writes
+  // while nobody is out of work.
+  alignas(64) uint64_t taken;
   alignas(64) uint32_t state;    // State
   int32_t pid;
   OpDesc desc[2];                // by phase parity: a fast peer may publish the next one

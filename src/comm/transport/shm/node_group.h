@@ -70,6 +70,9 @@ class NodeGroup {
   virtual bool cma() const = 0;
   // Whether the node has more local ranks than cores.
   virtual bool oversubscribed() const = 0;
+  // Whether it has at least as many local ranks as cores: none is left for work that
+  // the ranks' own threads do not do (their progress threads).
+  virtual bool no_spare_core() const = 0;
   // Whether the node has more than two local ranks per core.
   virtual bool crowded() const = 0;
 

@@ -1,5 +1,5 @@
 // ShmGroup's phases (arrive, wait_all, the descriptors compared at a phase) and its
-// shared work (pieces taken from a counter in the segment), and the waits that the
+// shared work (pieces taken from counters in the segment), and the waits that the
 // streams borrow (wait_streams).
 #include <sched.h>
 
@@ -124,39 +124,64 @@ void ShmGroup::arrive_small(const void* data, size_t bytes) {
 const uint8_t* ShmGroup::small_data(int i) const { return control(i).small[phase_ & 1]; }
 
 void ShmGroup::begin_work(uint64_t pieces) {
-  work_begin_ = work_end_;
-  work_end_ = work_begin_ + pieces;
+  work_end_ += pieces;
+  shares_.resize(static_cast<size_t>(local_size_));
+  const uint64_t p = static_cast<uint64_t>(local_size_), base = pieces / p, extra = pieces % p;
+  uint64_t first = 0;
+  for (uint64_t r = 0; r < p; ++r) {
+    Share& s = shares_[r];
+    const uint64_t n = base + (r < extra ? 1 : 0);
+    s.begin = s.end;  // the tickets of rank r's counter follow on from its last round
+    s.end = s.begin + n;
+    s.first_piece = first;
+    first += n;
+  }
 }
 
 int64_t ShmGroup::take_piece() {
-  auto taken = atomic(header().taken);
-  uint64_t t = taken.load(std::memory_order_relaxed);
-  // Never past the round's end: the next round's tickets follow on, and a rank still
-  // in this round must not take one of them.
-  while (t < work_end_) {
-    if (taken.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
-      atomic(control(local_rank_).working).store(t + 1, std::memory_order_relaxed);
-      return static_cast<int64_t>(t - work_begin_);
+  // This rank's own share first, then the next rank's, and so on round the node.
+  for (int k = 0; k < local_size_; ++k) {
+    const int r = (local_rank_ + k) % local_size_;
+    const Share& s = shares_[static_cast<size_t>(r)];
+    auto taken = atomic(control(r).taken);
+    uint64_t t = taken.load(std::memory_order_relaxed);
+    // Never past the share's end: rank r's next round's tickets follow on, and a rank
+    // still in this round must not take one of them.
+    while (t < s.end) {
+      if (taken.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+        atomic(control(local_rank_).working).store(t + 1, std::memory_order_relaxed);
+        return static_cast<int64_t>(s.first_piece + (t - s.begin));
+      }
     }
   }
   return -1;
 }
 
 void ShmGroup::finish_piece() {
-  atomic(control(local_rank_).working).store(0, std::memory_order_relaxed);
-  // Release: whoever sees the count reach the round's end sees every piece's results
-  // (each increment continues the release sequence of the ones before it).
-  // Only the round's last piece wakes sleepers: the waiters wait for the round to end,
-  // and a wake-up per piece would have a woken rank take the core from the rank doing
-  // the work, only to find the round unfinished.
-  if (atomic(header().finished).fetch_add(1, std::memory_order_seq_cst) + 1 == work_end_) notify();
+  Control& mine = control(local_rank_);
+  atomic(mine.working).store(0, std::memory_order_relaxed);
+  // Sequentially consistent (and so a release): whoever counts the round's pieces done
+  // (work_done()) sees this piece's results. Sleepers are woken by the rank that finds
+  // the round done on entering wait_work(), not here: a wake-up per piece would have a
+  // woken rank take the core from the rank doing the work, only to find the round
+  // unfinished.
+  auto done = atomic(mine.done);
+  done.store(done.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
 }
 
 bool ShmGroup::work_done() const {
-  return atomic(header().finished).load(std::memory_order_seq_cst) >= work_end_;
+  uint64_t done = 0;
+  for (int i = 0; i < local_size_; ++i) done += atomic(control(i).done).load(std::memory_order_seq_cst);
+  return done >= work_end_;
 }
 
 void ShmGroup::wait_work() {
+  // Every rank comes here once it finds no piece left to take, so the one that finished
+  // the round's last piece finds the round done here, and wakes whoever sleeps on it.
+  if (work_done()) {
+    notify();
+    return;
+  }
   auto holds_piece = [&](int i) {
     return atomic(control(i).working).load(std::memory_order_acquire) != 0;
   };

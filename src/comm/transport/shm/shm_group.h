@@ -31,12 +31,15 @@
 // group only lays them out (stream()) and lends it its waits, checks and errors.
 //
 // Shared work: after a phase that every rank has passed, the ranks can share a round of
-// numbered pieces out (begin_work() with the same count on every rank): a rank takes the
-// next piece from a counter in the segment (take_piece()), whichever rank runs first, and
-// counts it done (finish_piece()); wait_work() returns once every piece of the round is
-// done. With more ranks than cores, the ranks that run do the work of those that wait
-// for a core, instead of every rank doing its own share after its turn. A rank that
-// dies or stops holding a piece is an error or a timeout naming it, as in a phase.
+// numbered pieces out (begin_work() with the same count on every rank). Each rank has a
+// contiguous share, taken one piece at a time from a counter in its control block
+// (take_piece()); a rank that has none left of its own takes the next of another's, so
+// whichever ranks run do all the work, and it counts each piece done (finish_piece());
+// wait_work() returns once every piece of the round is done. With more ranks than
+// cores, the ranks that run do the work of those that wait for a core; a rank that
+// waits first does the share of peers still busy elsewhere. While every rank keeps to
+// its own share, no counter moves between the cores. A rank that dies or stops holding
+// a piece is an error or a timeout naming it, as in a phase.
 //
 // Cross-memory attach: where the kernel lets the ranks read each other's memory
 // (process_vm_readv: same user, ptrace allowed; tried at set-up, and the ranks agree),
@@ -123,7 +126,7 @@ class ShmGroup final : public NodeGroup {
   bool crowded() const override { return crowded_; }
   // As many local ranks as cores, or more: no core is left for the ranks' progress
   // threads (ProgressEngineBase::set_no_spare_core()).
-  bool no_spare_core() const { return no_spare_core_; }
+  bool no_spare_core() const override { return no_spare_core_; }
   void publish_buffers(const void* in, void* out) override;
   uint64_t peer_in(int i) const override;
   void read_peer(int i, uint64_t from, void* to, size_t bytes) override;
@@ -215,7 +218,14 @@ class ShmGroup final : public NodeGroup {
   uint8_t* data_ = nullptr;
   uint64_t phase_ = 0;
   uint64_t buffer_turn_ = 0;
-  uint64_t work_begin_ = 0, work_end_ = 0;  // the current round's pieces, as tickets
+  // Shared work: the pieces of all rounds so far, the current one's included, and each
+  // local rank's share of the current round, as tickets of that rank's counter
+  // (Control::taken) and as the index of its first piece.
+  uint64_t work_end_ = 0;
+  struct Share {
+    uint64_t begin = 0, end = 0, first_piece = 0;
+  };
+  std::vector<Share> shares_;
   OpInfo op_;
   OpDesc desc_;
   uint64_t desc_fp_ = 0;        // fingerprint(desc_)
