@@ -10,6 +10,7 @@
 
 #include "chorus/topology.h"
 #include "chorus/types.h"
+#include "comm/common/blocks.h"
 #include "comm/algorithms/tuning.h"
 #include "comm/reduce/reduce.h"
 #include "comm/transport/shm/node_group.h"
@@ -49,16 +50,9 @@ struct Context {
   const Tuning& tuning = kDefaultTuning;  // the cost model's table (CostParams::tuning)
 };
 
-// Element ranges of `count` split into `parts` nearly equal blocks (the first
-// count % parts blocks get one more).
-inline size_t block_begin(size_t count, int parts, int block) {
-  size_t base = count / parts, extra = count % parts;
-  size_t b = static_cast<size_t>(block);
-  return b * base + std::min(b, extra);
-}
-inline size_t block_count(size_t count, int parts, int block) {
-  return count / parts + (static_cast<size_t>(block) < count % parts ? 1 : 0);
-}
+// Element ranges of `count` split into `parts` nearly equal blocks (common/blocks.h).
+using chorus::block_begin;
+using chorus::block_count;
 
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 

@@ -115,8 +115,10 @@ class CommunicatorImpl final : public Communicator,
   // setting `rest` to the body that finishes it.
   template <class Attempt>
   std::optional<Work> issue_inline(const OpSpec& spec, Attempt&& attempt);
-  // Whether the inline path may run here (CHORUS_SHM_INLINE, one node in shared memory,
-  // no more ranks than cores, no CHORUS_DEBUG=DETAIL).
+  // Whether operations may be entered as they are issued here (CHORUS_SHM_INLINE, one
+  // node in shared memory, no CHORUS_DEBUG=DETAIL), and whether the inline path may run
+  // (that, and no more ranks than cores).
+  bool inline_allowed() const;
   bool inline_possible() const;
   // Small allreduces' inline path (inline_ops.cc); nullopt where it does not apply.
   std::optional<Work> allreduce_inline(const void* send, void* recv, size_t count, const OpSpec& spec);

@@ -69,11 +69,15 @@ std::optional<Work> CommunicatorImpl::issue_inline(const OpSpec& spec, Attempt&&
   return work;
 }
 
+bool CommunicatorImpl::inline_allowed() const {
+  return options_.shm_inline && !options_.check_consistency && all_in_shared_memory();
+}
+
 bool CommunicatorImpl::inline_possible() const {
   // Not with more ranks than cores: a peer that has not arrived is waiting for this
   // core, so the call nearly always left its rest to the queue, and that cost more than
   // queueing it at once (4 ranks on 2 cores, 8 bytes: 10.2-13.3 us against 2.9-4.2).
-  return options_.shm_inline && !options_.check_consistency && all_in_shared_memory() && !shm_->oversubscribed();
+  return inline_allowed() && !shm_->oversubscribed();
 }
 
 std::optional<Work> CommunicatorImpl::allreduce_inline(const void* send, void* recv, size_t count,
@@ -102,10 +106,7 @@ std::optional<Work> CommunicatorImpl::shared_allreduce_inline(const transport::s
                                                               size_t count, const OpSpec& spec) {
   const size_t bytes = count * dtype_size(spec.dtype);
   if (bytes > alg::kSharedAllreduceAtIssueBytes) {
-    if (!options_.shm_inline || options_.check_consistency || !all_in_shared_memory() ||
-        !alg::shared_allreduce_arrives_at_issue(*shm_, bytes)) {
-      return std::nullopt;
-    }
+    if (!inline_allowed() || !alg::shared_allreduce_arrives_at_issue(*shm_, bytes)) return std::nullopt;
     return issue_inline(spec, [&](const alg::Context& ctx, OpBody& rest) {
       alg::shared_allreduce_arrive(*ctx.node, in, out, count);
       rest = [=](const alg::Context& c) { alg::shared_allreduce_finish(c, *c.node, count, c.average); };

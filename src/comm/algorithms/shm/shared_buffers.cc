@@ -40,11 +40,16 @@ struct Buffers {
   std::vector<uint8_t*> out;
 };
 
-// The phase: publishes this rank's buffers and waits for every rank.
-void enter(NodeGroup& g, Collective c, const SharedRef& in, const SharedRef& out) {
+// This rank's arrival at the phase that enters collective `c`, publishing its buffers.
+void announce(NodeGroup& g, Collective c, const SharedRef& in, const SharedRef& out) {
   g.expect(static_cast<uint8_t>(wire_code(c) | kSharedStep));
   g.publish_shared(in, out);
   g.arrive();
+}
+
+// The phase: publishes this rank's buffers and waits for every rank.
+void enter(NodeGroup& g, Collective c, const SharedRef& in, const SharedRef& out) {
+  announce(g, c, in, out);
   g.wait_all();
 }
 
@@ -156,9 +161,7 @@ void shared_allreduce(const Context& ctx, NodeGroup& g, const SharedRef& in, con
 bool shared_allreduce_start(const Context& ctx, NodeGroup& g, const SharedRef& in, const SharedRef& out,
                             size_t count, bool avg, int polls) {
   if (count == 0) return true;
-  g.expect(static_cast<uint8_t>(wire_code(Collective::kAllreduce) | kSharedStep));
-  g.publish_shared(in, out);
-  g.arrive();
+  announce(g, Collective::kAllreduce, in, out);
   if (!g.poll_all(polls)) return false;
   shared_allreduce_pieces(ctx, g, count, avg);
   return true;
@@ -169,10 +172,7 @@ bool shared_allreduce_arrives_at_issue(const NodeGroup& g, size_t bytes) {
 }
 
 void shared_allreduce_arrive(NodeGroup& g, const SharedRef& in, const SharedRef& out, size_t count) {
-  if (count == 0) return;
-  g.expect(static_cast<uint8_t>(wire_code(Collective::kAllreduce) | kSharedStep));
-  g.publish_shared(in, out);
-  g.arrive();
+  if (count != 0) announce(g, Collective::kAllreduce, in, out);
 }
 
 void shared_allreduce_finish(const Context& ctx, NodeGroup& g, size_t count, bool avg) {

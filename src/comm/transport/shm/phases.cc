@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "chorus/error.h"
+#include "comm/common/blocks.h"
 #include "comm/transport/shm/layout.h"
 #include "comm/transport/shm/shm_group.h"
 
@@ -126,15 +127,11 @@ const uint8_t* ShmGroup::small_data(int i) const { return control(i).small[phase
 void ShmGroup::begin_work(uint64_t pieces) {
   work_end_ += pieces;
   shares_.resize(static_cast<size_t>(local_size_));
-  const uint64_t p = static_cast<uint64_t>(local_size_), base = pieces / p, extra = pieces % p;
-  uint64_t first = 0;
-  for (uint64_t r = 0; r < p; ++r) {
-    Share& s = shares_[r];
-    const uint64_t n = base + (r < extra ? 1 : 0);
+  for (int r = 0; r < local_size_; ++r) {
+    Share& s = shares_[static_cast<size_t>(r)];
     s.begin = s.end;  // the tickets of rank r's counter follow on from its last round
-    s.end = s.begin + n;
-    s.first_piece = first;
-    first += n;
+    s.end = s.begin + block_count(pieces, local_size_, r);
+    s.first_piece = block_begin(pieces, local_size_, r);
   }
 }
 
