@@ -12,7 +12,10 @@
 #   --mnist DIR       seed 001 on MNIST, from DIR's four IDX files (.gz or not)
 #   --backend         the process group the script gets (default: the one it names, chorus)
 #   --steps S         stop every epoch after S batches (a short run; default: the whole epoch)
-# Environment: CHORUS_SEED_WORKDIR (default build/seed-run) is the work folder.
+# Environment: CHORUS_SEED_WORKDIR (default build/seed-run) is the work folder;
+# CHORUS_SEED_PYTHON (default /usr/bin/python3, Debian's torch) the Python that runs the
+# script and CHORUS_SEED_BUILD (default build) the build whose torch_chorus it imports:
+# for torch 2.x, the virtual environment's python and build-torch2 (scripts/build.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 here="$root/examples/seeds"
@@ -32,19 +35,21 @@ case $seed in
 esac
 [[ $nodes =~ ^[1-9][0-9]*$ && $nproc =~ ^[1-9][0-9]*$ && $steps =~ ^[0-9]+$ ]] ||
   { echo "run.sh: --nodes, --nproc-per-node and --steps take whole numbers" >&2; exit 2; }
-[[ -x $root/build/bin/chorusrun && -d $root/build/python/torch_chorus ]] || "$root/scripts/build.sh"
+python=${CHORUS_SEED_PYTHON:-/usr/bin/python3}
+build=${CHORUS_SEED_BUILD:-$root/build}
+[[ -x $build/bin/chorusrun && -d $build/python/torch_chorus ]] || "$root/scripts/build.sh"
 "$root/scripts/install-deps.sh" python3-torchvision
 
 work=${CHORUS_SEED_WORKDIR:-$root/build/seed-run}
 "$here/prepare_data.sh" "$work" "$mnist"
-export PYTHONPATH="$root/build/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 export CHORUS_SEED_STEPS=$steps
 [[ -z $backend ]] || export CHORUS_SEED_BACKEND=$backend
 [[ -z $mnist ]] || export SEED001_DATASET=mnist
 cd "$work"
 if ((nodes == 1)); then
-  exec "$root/build/bin/chorusrun" --standalone --nproc-per-node "$nproc" --tee 3 \
-    /usr/bin/python3 "$here/run_seed.py" "$script"
+  exec "$build/bin/chorusrun" --standalone --nproc-per-node "$nproc" --tee 3 \
+    "$python" "$here/run_seed.py" "$script"
 fi
 # Several simulated nodes: one launcher each, meeting on a free port of 127.0.0.1. The
 # port is picked here and bound by node 0's launcher a moment later; when something
@@ -54,17 +59,17 @@ fi
 node0_log=$(mktemp)
 trap 'rm -f "$node0_log"' EXIT
 for attempt in 1 2 3; do
-  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   pids=()
   for ((node = 0; node < nodes; node++)); do
     if ((node == 0)); then
-      CHORUS_NODE_ID="seed-node$node" "$root/build/bin/chorusrun" --nnodes "$nodes" --node-rank "$node" \
+      CHORUS_NODE_ID="seed-node$node" "$build/bin/chorusrun" --nnodes "$nodes" --node-rank "$node" \
         --master-addr 127.0.0.1 --master-port "$port" --nproc-per-node "$nproc" --tee 3 \
-        /usr/bin/python3 "$here/run_seed.py" "$script" 2> >(tee "$node0_log" >&2) &
+        "$python" "$here/run_seed.py" "$script" 2> >(tee "$node0_log" >&2) &
     else
-      CHORUS_NODE_ID="seed-node$node" "$root/build/bin/chorusrun" --nnodes "$nodes" --node-rank "$node" \
+      CHORUS_NODE_ID="seed-node$node" "$build/bin/chorusrun" --nnodes "$nodes" --node-rank "$node" \
         --master-addr 127.0.0.1 --master-port "$port" --nproc-per-node "$nproc" --tee 3 \
-        /usr/bin/python3 "$here/run_seed.py" "$script" &
+        "$python" "$here/run_seed.py" "$script" &
     fi
     pids+=($!)
   done

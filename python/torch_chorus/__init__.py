@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 from . import _C
 
 __all__ = ["ProcessGroupChorus", "register_as", "BACKEND", "DistributedDataParallel",
-           "in_shared_memory"]
+           "in_shared_memory", "chorus_backend"]
 
 BACKEND = "chorus"
 ProcessGroupChorus = _C.ProcessGroupChorus
@@ -58,8 +58,28 @@ def _shared_buckets_possible(group):
     """Whether DDP over `group` should keep its buckets in node-shared memory: a chorus
     group whose collectives on such memory take the direct path (the same answer on
     every rank, as the direct path needs), and the allocator that serves it in place."""
-    return (isinstance(group, _C.ProcessGroupChorus) and group.direct_path_possible()
+    backend = chorus_backend(group)
+    return (backend is not None and backend.direct_path_possible()
             and _C.shared_allocator_installed)
+
+
+def chorus_backend(group=None):
+    """The ProcessGroupChorus behind `group` (the default group when None) for CPU
+    tensors, or None when chorus does not serve them. On torch 1.x the group is the
+    backend; on 2.x a ProcessGroup holds a backend per device type, and chorus is the
+    CPU one of "chorus" and of "cpu:chorus,cuda:nccl" alike."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    if isinstance(group, _C.ProcessGroupChorus):
+        return group
+    get = getattr(group, "_get_backend", None)
+    if get is None:
+        return None
+    try:
+        backend = get(torch.device("cpu"))
+    except RuntimeError:  # no backend for CPU tensors in this group
+        return None
+    return backend if isinstance(backend, _C.ProcessGroupChorus) else None
 
 
 class _Scope:

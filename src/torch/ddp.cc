@@ -31,7 +31,9 @@ struct DistributedDataParallel::Impl {
   bool in_backward = false;
   bool started = false;  // a backward (synchronized or not) has run
   // The accumulators must outlive the hooks: a variable holds its accumulator weakly.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  // (a shared_ptr in torch 1.x, an intrusive_ptr since torch 2.x: whatever it returns)
+  std::vector<decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()))>
+      accumulators;
   std::vector<uintptr_t> hook_keys;
   std::vector<at::Tensor> buffers;
   // The buckets are node-shared memory (see ddp.h); a joined rank's zero buckets too.

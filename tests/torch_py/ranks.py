@@ -6,7 +6,9 @@ import subprocess
 import sys
 import time
 
-PYTHON = "/usr/bin/python3"
+# The Python whose torch the ranks run: Debian's by default, a torch 2.x environment's
+# under build-torch2 (tests/CMakeLists.txt sets CHORUS_TEST_PYTHON).
+PYTHON = os.environ.get("CHORUS_TEST_PYTHON", "/usr/bin/python3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -149,7 +149,9 @@ class Seeds(unittest.TestCase):
     ROOT = os.path.abspath(os.path.join(ranks.HERE, "..", ".."))
 
     def run_seed(self, *args):
-        env = dict(os.environ, CHORUS_SEED_WORKDIR=tempfile.mkdtemp())
+        env = dict(os.environ, CHORUS_SEED_WORKDIR=tempfile.mkdtemp(), CHORUS_SEED_PYTHON=ranks.PYTHON)
+        if os.environ.get("CHORUS_PYTHONPATH"):
+            env["CHORUS_SEED_BUILD"] = os.path.dirname(os.environ["CHORUS_PYTHONPATH"])
         proc = subprocess.run([os.path.join(self.ROOT, "examples", "seeds", "run.sh"), *args],
                               env=env, capture_output=True, text=True, timeout=900)
         # The causes first: a C++ exception's backtrace would fill the tail.
