@@ -22,7 +22,27 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
-from . import _C
+
+def _version_tuple(text):
+    return tuple(int(x) for x in text.split("+")[0].split(".")[:2])
+
+
+# The torch releases torch_chorus is built and tested against (docs/pytorch.md):
+# Debian's 1.13 and 2.7 to 2.15 from PyPI (C++11 ABI, Backend API with coalescing).
+SUPPORTED_TORCH = ((1, 13), (2, 7), (2, 15))
+_running = _version_tuple(torch.__version__)
+if not (_running == SUPPORTED_TORCH[0] or SUPPORTED_TORCH[1] <= _running <= SUPPORTED_TORCH[2]):
+    raise ImportError(
+        "torch_chorus supports torch 1.13 and 2.7 to 2.15; this Python runs torch %s"
+        % torch.__version__)
+
+from . import _C  # noqa: E402
+
+if _C.torch_version != torch.__version__.split("+")[0]:
+    raise ImportError(
+        "torch_chorus was built against torch %s but this Python runs torch %s: rebuild it "
+        "in this environment (pip install --no-build-isolation <chorus>)"
+        % (_C.torch_version, torch.__version__))
 
 __all__ = ["ProcessGroupChorus", "register_as", "BACKEND", "DistributedDataParallel",
            "in_shared_memory", "chorus_backend"]
@@ -35,6 +55,12 @@ def _create(store, rank, world_size, timeout):
     return _C.create_process_group(store, rank, world_size, timeout)
 
 
+def _create_extended(opts, backend_options):
+    """torch 2.x's extended creator: the group's own store, rank and size (a subgroup
+    or a DeviceMesh dimension is created among its members only) and its timeout."""
+    return _C.create_process_group(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+
+
 def register_as(name):
     """Registers chorus under `name` as well (e.g. "hccl"); a name torch already has
     (gloo, nccl, mpi, ucc) or one registered before raises ValueError."""
@@ -42,7 +68,9 @@ def register_as(name):
     if hasattr(dist.Backend, key) or key in getattr(dist.Backend, "_plugins", {}):
         raise ValueError(f"torch_chorus: the backend name {name!r} is taken")
     if _C.torch_version_major >= 2:
-        dist.Backend.register_backend(name, _create, devices=["cpu"])
+        # For CPU tensors: "chorus" alone, or beside another backend for another device
+        # ("cpu:chorus,cuda:nccl").
+        dist.Backend.register_backend(name, _create_extended, extended_api=True, devices=["cpu"])
     else:
         dist.Backend.register_backend(name, _create)
 

@@ -35,6 +35,10 @@ PYBIND11_MODULE(_C, m) {
       "Connects rank `rank` of `size` through `store`; collective. Raises RuntimeError "
       "naming what failed (a timeout names the ranks that never came).");
   m.attr("torch_version_major") = TORCH_VERSION_MAJOR;
+  // The torch this module was compiled against: torch_chorus refuses another at import.
+  m.attr("torch_version") = std::to_string(TORCH_VERSION_MAJOR) + "." +
+                            std::to_string(TORCH_VERSION_MINOR) + "." +
+                            std::to_string(TORCH_VERSION_PATCH);
 
   // Node-shared tensors (c10d/shared_allocator.h). The allocator is installed now, at
   // import, as c10 expects of a CPU allocator: before the program's threads allocate.

@@ -52,6 +52,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::launch(OpType type, Work operation,
   std::lock_guard<std::mutex> lock(pending_mutex_);
   while (!pending_.empty() && pending_.front()->operation_done()) pending_.pop_front();
   pending_.push_back(work);
+  if (coalescing_) coalesced_.push_back(work);
   return work;
 }
 
@@ -75,7 +76,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce(std::vector<at::Tensor>& t
   at::Tensor& t = single(tensors, op);
   check_timeout(opts.timeout, timeout_, op);
   const Reduction r = reduction_of(t, opts.reduceOp, op);
-  at::Tensor buf = staged_in(t);
+  at::Tensor buf = premultiplied(staged_in(t), opts.reduceOp);
   Work w = comm().allreduce(buf.data_ptr(), buf.data_ptr(), elems(buf, r.width), r.dtype, r.op);
   return launch(OpType::ALLREDUCE, w, {t}, copy_back(t, buf), {buf});
 }
@@ -86,7 +87,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce_coalesced(
   check_timeout(opts.timeout, timeout_, op);
   check_one_dtype(tensors, op, "tensors");
   const Reduction r = reduction_of(tensors[0], opts.reduceOp, op);
-  at::Tensor flat = packed(tensors);
+  at::Tensor flat = premultiplied(packed(tensors), opts.reduceOp);
   Work w = comm().allreduce(flat.data_ptr(), flat.data_ptr(), elems(flat, r.width), r.dtype, r.op);
   return launch(OpType::ALLREDUCE_COALESCED, w, tensors, unpack_into(tensors, flat), {flat});
 }
@@ -99,7 +100,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::reduce(std::vector<at::Tensor>& tens
   check_root(opts.rootRank, size_, op);
   check_root_tensor(opts.rootTensor, op);
   const Reduction r = reduction_of(t, opts.reduceOp, op);
-  at::Tensor buf = staged_in(t);
+  at::Tensor buf = premultiplied(staged_in(t), opts.reduceOp);
   Work w = comm().reduce(buf.data_ptr(), buf.data_ptr(), elems(buf, r.width), r.dtype, r.op,
                          static_cast<int>(opts.rootRank));
   return launch(OpType::REDUCE, w, {t}, copy_back(t, buf), {buf});
@@ -229,7 +230,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::reduce_scatter(
   if (inputs.size() != 1) refuse(op, "takes one input list per process, got " + std::to_string(inputs.size()));
   check_list(inputs[0], out, size_, op, "input list", "the output");
   const Reduction r = reduction_of(out, opts.reduceOp, op);
-  at::Tensor flat = packed(inputs[0]);
+  at::Tensor flat = premultiplied(packed(inputs[0]), opts.reduceOp);
   at::Tensor dst = staged_out(out);
   Work w = comm().reduce_scatter(flat.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
   return launch(OpType::REDUCE_SCATTER, w, {out}, copy_back(out, dst), {flat, dst});
@@ -247,7 +248,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::_reduce_scatter_base(
                    ") times the output's elements, of the same dtype");
   }
   const Reduction r = reduction_of(output, opts.reduceOp, op);
-  at::Tensor src = staged_in(input);
+  at::Tensor src = premultiplied(staged_in(input), opts.reduceOp);
   at::Tensor dst = staged_out(output);
   Work w = comm().reduce_scatter(src.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
   return launch(OpType::_REDUCE_SCATTER_BASE, w, {output}, copy_back(output, dst), {src, dst});
@@ -354,5 +355,116 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::barrier(const ::c10d::BarrierOptions
   check_timeout(opts.timeout, timeout_, "barrier");
   return launch(OpType::BARRIER, comm().barrier(), {}, nullptr, {});
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+ProcessGroupChorus::Ptr ProcessGroupChorus::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  const std::string op = "allgather_into_tensor_coalesced";
+  check_timeout(opts.timeout, timeout_, op);
+  check_one_dtype(inputs, op, "inputs");
+  if (outputs.size() != inputs.size()) {
+    refuse(op, std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
+                   " inputs (one output per input)");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(outputs[i], op, "outputs[" + std::to_string(i) + "]");
+    if (!outputs[i].is_contiguous()) {
+      refuse(op, "outputs[" + std::to_string(i) + "] " + describe(outputs[i]) + " is not contiguous");
+    }
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        outputs[i].numel() != size_ * inputs[i].numel()) {
+      refuse(op, "outputs[" + std::to_string(i) + "] is " + describe(outputs[i]) + " but inputs[" +
+                     std::to_string(i) + "] is " + describe(inputs[i]) +
+                     "; each output must hold world size (" + std::to_string(size_) +
+                     ") times its input's elements, of the same dtype");
+    }
+  }
+  // One allgather of the packed inputs: rank r's block holds its inputs one after
+  // another; output i takes every rank's part i.
+  const Moved m = moved_of(inputs[0]);
+  at::Tensor src = packed(inputs);
+  at::Tensor flat = at::empty({static_cast<int64_t>(size_) * src.numel()}, src.options());
+  Work w = comm().allgather(src.data_ptr(), flat.data_ptr(), elems(src, m.width), m.dtype);
+  std::vector<at::Tensor> targets;  // rank-major: rank r's part of output i
+  for (int r = 0; r < size_; ++r) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      targets.push_back(outputs[i].view({-1}).narrow(0, r * inputs[i].numel(), inputs[i].numel()));
+    }
+  }
+  return launch(OpType::COALESCED, w, outputs, unpack_into(std::move(targets), flat), {src, flat});
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  const std::string op = "reduce_scatter_tensor_coalesced";
+  check_timeout(opts.timeout, timeout_, op);
+  check_one_dtype(inputs, op, "inputs");
+  if (outputs.size() != inputs.size()) {
+    refuse(op, std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
+                   " inputs (one output per input)");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(outputs[i], op, "outputs[" + std::to_string(i) + "]");
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        inputs[i].numel() != size_ * outputs[i].numel()) {
+      refuse(op, "inputs[" + std::to_string(i) + "] is " + describe(inputs[i]) + " but outputs[" +
+                     std::to_string(i) + "] is " + describe(outputs[i]) +
+                     "; each input must hold world size (" + std::to_string(size_) +
+                     ") times its output's elements, of the same dtype");
+    }
+  }
+  const Reduction r = reduction_of(inputs[0], opts.reduceOp, op);
+  // One reduce-scatter: rank r's block is every input's part r, one after another.
+  std::vector<at::Tensor> parts;
+  for (int k = 0; k < size_; ++k) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      parts.push_back(inputs[i].reshape({-1}).narrow(0, k * outputs[i].numel(), outputs[i].numel()));
+    }
+  }
+  at::Tensor src = premultiplied(packed(parts), opts.reduceOp);
+  at::Tensor dst = at::empty({src.numel() / size_}, src.options());
+  Work w = comm().reduce_scatter(src.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
+  return launch(OpType::COALESCED, w, outputs, unpack_into(outputs, dst), {src, dst});
+}
+
+void ProcessGroupChorus::startCoalescing() {
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  if (coalescing_) refuse("startCoalescing", "coalescing has already started on this group");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+ProcessGroupChorus::Ptr ProcessGroupChorus::endCoalescing() {
+  std::vector<c10::intrusive_ptr<ChorusWork>> works;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    if (!coalescing_) refuse("endCoalescing", "no startCoalescing before it on this group");
+    coalescing_ = false;
+    works.swap(coalesced_);
+  }
+  return c10::make_intrusive<CoalescedWork>(rank_, std::move(works));
+}
+
+void ProcessGroupChorus::abort() { comms_->abort_all("the process group was aborted (abort())"); }
+
+void ProcessGroupChorus::shutdown() {
+  std::deque<c10::intrusive_ptr<ChorusWork>> pending;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    pending.swap(pending_);
+  }
+  for (auto& work : pending) work->complete();
+  // The communicators close with the group (destroy_process_group drops it next).
+}
+
+void ProcessGroupChorus::setTimeout(std::chrono::milliseconds timeout) {
+  if (timeout == timeout_) return;
+  refuse("setTimeout", "the chorus group's timeout (" + std::to_string(timeout_.count()) +
+                           " ms) is fixed when it connects; " + std::to_string(timeout.count()) +
+                           " ms cannot be set afterwards (pass it to init_process_group or new_group)");
+}
+#endif
 
 }  // namespace chorus::c10d_backend

@@ -87,6 +87,32 @@ class ProcessGroupChorus : public BackendBase {
   Ptr recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   Ptr recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   Ptr barrier(const ::c10d::BarrierOptions& opts = ::c10d::BarrierOptions()) override;
+
+#if TORCH_VERSION_MAJOR >= 2
+  // torch 2.x: the coalesced tensor collectives of DTensor, the functional collectives
+  // and the coalescing manager (outputs[i] gathers / is reduced from inputs[i]), each
+  // one chorus operation over the packed tensors.
+  Ptr allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                      std::vector<at::Tensor>& inputs,
+                                      const ::c10d::AllgatherOptions& opts =
+                                          ::c10d::AllgatherOptions()) override;
+  Ptr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                      std::vector<at::Tensor>& inputs,
+                                      const ::c10d::ReduceScatterOptions& opts =
+                                          ::c10d::ReduceScatterOptions()) override;
+  // Coalescing (batch_isend_irecv, _coalescing_manager): operations issued between the
+  // two run as issued; endCoalescing returns one work that completes when all have.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  Ptr endCoalescing() override;
+  // abort(): every pending and later operation fails at once (the communicators are
+  // aborted); shutdown() (destroy_process_group): pending operations finish, each
+  // within the timeout. setTimeout() is refused unless it names the group's timeout:
+  // the deadline is fixed when the group connects.
+  void abort() override;
+  void shutdown() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+#endif
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return sequence_; }
 
@@ -108,6 +134,10 @@ class ProcessGroupChorus : public BackendBase {
   // even when the caller drops the work; done ones are let go at the next launch.
   std::mutex pending_mutex_;
   std::deque<c10::intrusive_ptr<ChorusWork>> pending_;  // guarded by pending_mutex_
+  // Between startCoalescing and endCoalescing: the works issued (guarded by
+  // pending_mutex_; coalescing is per thread in torch, one group at a time).
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<ChorusWork>> coalesced_;
 };
 
 }  // namespace chorus::c10d_backend

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <torch/version.h>
+
 #include "chorus/error.h"
 #include "chorus/torch/process_group.h"
 
@@ -75,11 +77,16 @@ Reduction reduction_of(const at::Tensor& t, const ::c10d::ReduceOp& torch_op,
     case ::c10d::ReduceOp::PRODUCT: chorus_op = ReduceOp::kProd; break;
     case ::c10d::ReduceOp::MIN: chorus_op = ReduceOp::kMin; break;
     case ::c10d::ReduceOp::MAX: chorus_op = ReduceOp::kMax; break;
+#if TORCH_VERSION_MAJOR >= 2
+    case ::c10d::ReduceOp::PREMUL_SUM:
+      if (torch_op.supplement_) chorus_op = ReduceOp::kSum;  // premultiplied() scaled it
+      break;
+#endif
     default: break;
   }
   if (!chorus_op) {
     refuse(op, std::string("chorus has no kernel for ReduceOp.") + torch_op_name(type) +
-                   " (it reduces with SUM, AVG, PRODUCT, MIN and MAX)");
+                   " (it reduces with SUM, AVG, PRODUCT, MIN, MAX and, on torch 2.x, PREMUL_SUM)");
   }
   const at::ScalarType st = t.scalar_type();
   if (auto dtype = to_chorus_dtype(st)) return {*dtype, *chorus_op};
@@ -100,6 +107,21 @@ Reduction reduction_of(const at::Tensor& t, const ::c10d::ReduceOp& torch_op,
   refuse(op, std::string("the ") + c10::toString(st) + " tensor " + shape_of(t) +
                  " has a dtype chorus cannot reduce (float32/64, float16, bfloat16, int8, "
                  "uint8, int32, int64, complex64/128, bool)");
+}
+
+at::Tensor premultiplied(const at::Tensor& t, const ::c10d::ReduceOp& torch_op) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (static_cast<::c10d::ReduceOp::RedOpType>(torch_op) == ::c10d::ReduceOp::PREMUL_SUM &&
+      torch_op.supplement_) {
+    const auto* factor = dynamic_cast<const ::c10d::PreMulSumSupplement*>(torch_op.supplement_.get());
+    if (factor == nullptr) refuse("reduce", "ReduceOp.PREMUL_SUM carries no factor chorus can read");
+    if (factor->tensor_factor.defined()) {
+      return t.mul(factor->tensor_factor.to(t.device()).to(t.scalar_type()));
+    }
+    return t.mul(factor->double_factor);
+  }
+#endif
+  return t;
 }
 
 Moved moved_of(const at::Tensor& t) {

@@ -59,6 +59,11 @@ struct Reduction {
 Reduction reduction_of(const at::Tensor& t, const ::c10d::ReduceOp& torch_op,
                        const std::string& op);
 
+// PREMUL_SUM (torch 2.x; FSDP2 reduce-scatters with it when a gradient divide factor is
+// set): chorus sums `t` multiplied by the op's factor (a number or a one-element
+// tensor), computed in a new tensor; any other op: `t` itself.
+at::Tensor premultiplied(const at::Tensor& t, const ::c10d::ReduceOp& torch_op);
+
 // How chorus moves a tensor that is not reduced: as its own element type where chorus
 // has it, else as bytes. `width` chorus elements per tensor element.
 struct Moved {

@@ -102,6 +102,66 @@ c10::intrusive_ptr<c10::ivalue::Future> ChorusWork::getFuture() {
   return future_;
 }
 
+CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<ChorusWork>> works)
+    : ::c10d::Work(rank, ::c10d::OpType::COALESCED),
+      works_(std::move(works)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))) {}
+
+bool CoalescedWork::isCompleted() {
+  for (auto& w : works_) {
+    if (!w->isCompleted()) return false;
+  }
+  return true;
+}
+
+bool CoalescedWork::isSuccess() const {
+  for (const auto& w : works_) {
+    if (!w->isSuccess()) return false;
+  }
+  return true;
+}
+
+std::exception_ptr CoalescedWork::exception() const {
+  for (const auto& w : works_) {
+    if (auto e = w->exception()) return e;
+  }
+  return nullptr;
+}
+
+bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
+  std::exception_ptr first;
+  for (auto& w : works_) {
+    try {
+      w->wait(timeout);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
+  if (!future_->completed()) {
+    std::vector<at::Tensor> outputs;
+    std::exception_ptr first;
+    for (auto& w : works_) {
+      w->complete();
+      if (!first) first = w->exception();
+      if (!first) {
+        for (at::Tensor& t : w->result()) outputs.push_back(t);
+      }
+    }
+    if (first) {
+      future_->setErrorIfNeeded(first);
+    } else {
+      future_->markCompleted(c10::IValue(outputs));
+    }
+  }
+  return future_;
+}
+
 Completer::~Completer() {
   std::vector<std::thread> threads;
   {

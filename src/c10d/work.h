@@ -79,6 +79,24 @@ class ChorusWork : public ::c10d::Work {
   bool done_ = false;          // guarded by complete_mutex_
 };
 
+// The work endCoalescing returns: done when every work issued while coalescing is; wait()
+// completes each in issue order and raises the first failure; its future completes
+// once all have (asked for, it completes them on the asking thread).
+class CoalescedWork : public ::c10d::Work {
+ public:
+  CoalescedWork(int rank, std::vector<c10::intrusive_ptr<ChorusWork>> works);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  void synchronize() override {}
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  std::vector<c10::intrusive_ptr<ChorusWork>> works_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 // Completes the works whose futures were asked for, in the order they were asked, one
 // per process group. A future's
 // callbacks run on the thread that completes it, and a callback may issue another

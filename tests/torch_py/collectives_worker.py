@@ -359,6 +359,50 @@ x = torch.ones(3)
 dist.all_reduce(x, group=CH)
 same(torch.full((3,), float(n)), x, "all_reduce after refused calls")
 
+# --- torch 2.x: PREMUL_SUM, the coalesced tensor collectives, coalescing, setTimeout ---------
+if int(torch.__version__.split(".")[0]) >= 2:
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        for factor in (0.5, torch.tensor([0.25], dtype=dtype)):
+            x = values(dtype, 1001, 7)
+            got = x.clone()
+            dist.all_reduce(got, op=dist._make_nccl_premul_sum(factor), group=CH)
+            ref = x * factor
+            dist.all_reduce(ref, group=GL) if dtype != torch.bfloat16 else None
+            if dtype == torch.bfloat16:
+                ref = local_reduce(gathered(x * factor), R.SUM)
+            same(ref, got, "all_reduce PREMUL_SUM %s factor %s" % (dtype, factor))
+            out = torch.empty(2 * 3, dtype=dtype)
+            inp = values(dtype, 2 * 3 * n, 8)
+            dist.reduce_scatter_tensor(out[:3], inp[: 3 * n], op=dist._make_nccl_premul_sum(factor), group=CH)
+            full = local_reduce(gathered(inp[: 3 * n] * factor), R.SUM)
+            same(full[3 * rank: 3 * rank + 3], out[:3], "reduce_scatter_tensor PREMUL_SUM %s" % dtype)
+    # The coalescing manager sends these as one allgather_into_tensor_coalesced /
+    # reduce_scatter_tensor_coalesced call (torch's fast path for DTensor and FSDP2).
+    for count_a, count_b in ((0, 5), (1, 1), (7, 1001)):
+        ins = [values(torch.float32, count_a, 9), values(torch.float32, count_b, 10)]
+        outs = [torch.empty(n * count_a), torch.empty(n * count_b)]
+        with dist._coalescing_manager(group=CH, async_ops=True) as cm:
+            for o, i in zip(outs, ins):
+                dist.all_gather_into_tensor(o, i, group=CH)
+        cm.wait()
+        same([torch.cat(gathered(i)) for i in ins], outs, "coalesced all_gather_into_tensor %d,%d" % (count_a, count_b))
+        ins = [values(torch.float32, n * count_a, 11, R.AVG), values(torch.float32, n * count_b, 12)]
+        outs = [torch.empty(count_a), torch.empty(count_b)]
+        with dist._coalescing_manager(group=CH, async_ops=True) as cm:
+            dist.reduce_scatter_tensor(outs[0], ins[0], op=R.AVG, group=CH)
+            dist.reduce_scatter_tensor(outs[1], ins[1], op=R.AVG, group=CH)
+        cm.wait()
+        # (torch's manager sends the calls as one, with the first call's op)
+        same(local_reduce(gathered(ins[0]), R.AVG)[rank * count_a:(rank + 1) * count_a], outs[0],
+             "coalesced reduce_scatter_tensor AVG %d" % count_a)
+        same(local_reduce(gathered(ins[1]), R.AVG)[rank * count_b:(rank + 1) * count_b], outs[1],
+             "coalesced reduce_scatter_tensor AVG %d" % count_b)
+    backend = torch_chorus.chorus_backend(CH)
+    assert backend is not None and torch_chorus.chorus_backend(GL) is None
+    import datetime
+    refused(lambda: dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=7), CH),
+            "setTimeout", "fixed")
+
 dist.barrier()
 print("checks %d gloo-lacks %s" % (checks, ",".join(sorted(gloo_missing)) or "-"))
 dist.destroy_process_group()
