@@ -17,7 +17,7 @@ case "${1:-}" in
   "") ;;
   *) echo "usage: scripts/package.sh [--test]" >&2; exit 2 ;;
 esac
-"$root/scripts/build.sh" >/dev/null
+CHORUS_TORCH2=0 "$root/scripts/build.sh" >/dev/null
 out="$root/build/packages"
 rm -rf "$out"
 (cd "$root/build" && cpack -G DEB -B "$out" >"$root/build/cpack.log" 2>&1) ||

@@ -4,7 +4,7 @@
 # chorus-mnist (e.g. --epochs 1).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$root/scripts/build.sh"
+CHORUS_TORCH2=${CHORUS_TORCH2:-0} "$root/scripts/build.sh"  # the main job needs Debian's torch only
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec "$root/build/bin/chorusrun" --standalone --nproc-per-node 2 --tee 3 \
     "$root/build/bin/chorus-mnist" --epochs 5 "$@"
