@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """torch.distributed all_reduce (f32 sum) timing on gloo or chorus: the Gloo column of
-bench/compare_allreduce.sh, both columns of bench/compare_torch_backends.sh.
+bench/compare_allreduce.sh, both columns of bench/compare_torch1_backends.sh.
 
 Run one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and
 GLOO_SOCKET_IFNAME=lo) set; needs Debian's python3-torch, so start it with /usr/bin/python3.

@@ -60,6 +60,9 @@ if(TARGET chorus_torch)
   install(TARGETS chorus-mnist RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 endif()
 
+if(SKBUILD)  # pip install . (pyproject.toml): the package sits at the wheel's root
+  set(CHORUS_PYTHON_INSTALL_DIR .)
+endif()
 if(TARGET torch_chorus_ext)
   install(TARGETS torch_chorus_ext LIBRARY DESTINATION ${CHORUS_PYTHON_INSTALL_DIR}/torch_chorus
     COMPONENT python)
