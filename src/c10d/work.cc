@@ -102,6 +102,7 @@ c10::intrusive_ptr<c10::ivalue::Future> ChorusWork::getFuture() {
   return future_;
 }
 
+#if TORCH_VERSION_MAJOR >= 2
 CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<ChorusWork>> works)
     : ::c10d::Work(rank, ::c10d::OpType::COALESCED),
       works_(std::move(works)),
@@ -161,6 +162,8 @@ c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
   }
   return future_;
 }
+
+#endif
 
 Completer::~Completer() {
   std::vector<std::thread> threads;

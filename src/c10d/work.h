@@ -24,6 +24,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
 
 #include "chorus/communicator.h"
 
@@ -79,6 +80,7 @@ class ChorusWork : public ::c10d::Work {
   bool done_ = false;          // guarded by complete_mutex_
 };
 
+#if TORCH_VERSION_MAJOR >= 2
 // The work endCoalescing returns: done when every work issued while coalescing is; wait()
 // completes each in issue order and raises the first failure; its future completes
 // once all have (asked for, it completes them on the asking thread).
@@ -96,6 +98,8 @@ class CoalescedWork : public ::c10d::Work {
   std::vector<c10::intrusive_ptr<ChorusWork>> works_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
+
+#endif
 
 // Completes the works whose futures were asked for, in the order they were asked, one
 // per process group. A future's
