@@ -38,7 +38,7 @@ if not (_running == SUPPORTED_TORCH[0] or SUPPORTED_TORCH[1] <= _running <= SUPP
 
 from . import _C  # noqa: E402
 
-if _C.torch_version != torch.__version__.split("+")[0]:
+if _version_tuple(_C.torch_version) != _running:  # major.minor: the C++ API changes between them
     raise ImportError(
         "torch_chorus was built against torch %s but this Python runs torch %s: rebuild it "
         "in this environment (pip install --no-build-isolation <chorus>)"
