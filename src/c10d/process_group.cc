@@ -362,24 +362,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::allgather_into_tensor_coalesced(
     const ::c10d::AllgatherOptions& opts) {
   const std::string op = "allgather_into_tensor_coalesced";
   check_timeout(opts.timeout, timeout_, op);
-  check_one_dtype(inputs, op, "inputs");
-  if (outputs.size() != inputs.size()) {
-    refuse(op, std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
-                   " inputs (one output per input)");
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(outputs[i], op, "outputs[" + std::to_string(i) + "]");
-    if (!outputs[i].is_contiguous()) {
-      refuse(op, "outputs[" + std::to_string(i) + "] " + describe(outputs[i]) + " is not contiguous");
-    }
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
-        outputs[i].numel() != size_ * inputs[i].numel()) {
-      refuse(op, "outputs[" + std::to_string(i) + "] is " + describe(outputs[i]) + " but inputs[" +
-                     std::to_string(i) + "] is " + describe(inputs[i]) +
-                     "; each output must hold world size (" + std::to_string(size_) +
-                     ") times its input's elements, of the same dtype");
-    }
-  }
+  check_coalesced(outputs, inputs, size_, /*gather=*/true, op);
   // One allgather of the packed inputs: rank r's block holds its inputs one after
   // another; output i takes every rank's part i.
   const Moved m = moved_of(inputs[0]);
@@ -400,21 +383,7 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::reduce_scatter_tensor_coalesced(
     const ::c10d::ReduceScatterOptions& opts) {
   const std::string op = "reduce_scatter_tensor_coalesced";
   check_timeout(opts.timeout, timeout_, op);
-  check_one_dtype(inputs, op, "inputs");
-  if (outputs.size() != inputs.size()) {
-    refuse(op, std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
-                   " inputs (one output per input)");
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(outputs[i], op, "outputs[" + std::to_string(i) + "]");
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
-        inputs[i].numel() != size_ * outputs[i].numel()) {
-      refuse(op, "inputs[" + std::to_string(i) + "] is " + describe(inputs[i]) + " but outputs[" +
-                     std::to_string(i) + "] is " + describe(outputs[i]) +
-                     "; each input must hold world size (" + std::to_string(size_) +
-                     ") times its output's elements, of the same dtype");
-    }
-  }
+  check_coalesced(outputs, inputs, size_, /*gather=*/false, op);
   const Reduction r = reduction_of(inputs[0], opts.reduceOp, op);
   // One reduce-scatter: rank r's block is every input's part r, one after another.
   std::vector<at::Tensor> parts;

@@ -213,6 +213,32 @@ void check_one_dtype(const std::vector<at::Tensor>& list, const std::string& op,
   }
 }
 
+void check_coalesced(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                     int size, bool gather, const std::string& op) {
+  check_one_dtype(inputs, op, "inputs");
+  if (outputs.size() != inputs.size()) {
+    refuse(op, std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
+                   " inputs (one output per input)");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string index = "[" + std::to_string(i) + "]";
+    check_tensor(outputs[i], op, "outputs" + index);
+    if (gather && !outputs[i].is_contiguous()) {
+      refuse(op, "outputs" + index + " " + describe(outputs[i]) + " is not contiguous");
+    }
+    const at::Tensor& large = gather ? outputs[i] : inputs[i];
+    const at::Tensor& small = gather ? inputs[i] : outputs[i];
+    const std::string large_what = gather ? "output" : "input";
+    const std::string small_what = gather ? "input" : "output";
+    if (large.scalar_type() != small.scalar_type() || large.numel() != size * small.numel()) {
+      refuse(op, large_what + "s" + index + " is " + describe(large) + " but " + small_what + "s" +
+                     index + " is " + describe(small) + "; each " + large_what +
+                     " must hold world size (" + std::to_string(size) + ") times its " +
+                     small_what + "'s elements, of the same dtype");
+    }
+  }
+}
+
 std::vector<size_t> displacements(const std::vector<size_t>& counts) {
   std::vector<size_t> displs(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];

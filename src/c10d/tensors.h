@@ -44,6 +44,12 @@ void check_root_tensor(int64_t root_tensor, const std::string& op);
 // A non-empty list of tensors (named `what` in messages) of one dtype.
 void check_one_dtype(const std::vector<at::Tensor>& list, const std::string& op,
                      const std::string& what);
+// The coalesced tensor collectives: non-empty inputs of one dtype and one output per
+// input, of its dtype, the larger of each pair (the output when `gather`, else the
+// input) world `size` times the other; outputs of a gather contiguous (they are
+// filled through flat views).
+void check_coalesced(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                     int size, bool gather, const std::string& op);
 // Messages between two ranks match by order: only tag 0.
 void check_tag(int tag, const std::string& op);
 
