@@ -82,6 +82,7 @@
 // - Buffers stay valid and untouched until their Work completes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -197,6 +198,20 @@ struct CommOptions {
   static CommOptions from_env();
 };
 
+// Shared by receives from any source issued on several communicators (c10d's two
+// send/recv communicators, say) that must take one message between them: the first
+// receive to find a matching message takes it, and the others then complete without
+// one (Work::source() -1), leaving what they found for later receives.
+class RecvClaim {
+ public:
+  // True for the first caller only.
+  bool try_take() { return !taken_.exchange(true, std::memory_order_acq_rel); }
+  bool taken() const { return taken_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> taken_{false};
+};
+
 class Communicator {
  public:
   // Connects rank `rank` of a group of `size` through `store`. Throws
@@ -295,13 +310,24 @@ class Communicator {
                          std::span<const size_t> recv_displs, DataType dtype) = 0;
   // Completes on every rank once every rank has issued it.
   virtual Work barrier() = 0;
-  // Point to point. Messages between two ranks arrive in the order they were sent; a
-  // recv must match its send's count and dtype. Operations run in issue order, and a
+  // Point to point. Messages between two ranks arrive in the order they were sent. A
+  // recv takes the first message from `peer` sent with its `tag` (any int), which must
+  // have its count and dtype; messages from that peer with other tags that arrived
+  // first are held by the communicator for their own receives (at most
+  // kMaxHeldBytes at a time: a PeerError beyond). Operations run in issue order, and a
   // send may wait for its recv (once the transport's buffer between the two is full: a
   // shared-memory ring or the sockets), so order exchanges that cannot deadlock: even
-  // ranks send first, odd ranks receive first.
-  virtual Work send(const void* buf, size_t count, DataType dtype, int peer) = 0;
-  virtual Work recv(void* buf, size_t count, DataType dtype, int peer) = 0;
+  // ranks send first, odd ranks receive first. Work::source() of a recv is its peer.
+  static constexpr size_t kMaxHeldBytes = size_t{1} << 30;
+  virtual Work send(const void* buf, size_t count, DataType dtype, int peer, int tag = 0) = 0;
+  virtual Work recv(void* buf, size_t count, DataType dtype, int peer, int tag = 0) = 0;
+  // Receives the first message sent with `tag` to this rank by any of `sources` (empty:
+  // every other rank): one held already (the oldest), else the first to arrive.
+  // Work::source() names its sender. With a `claim` shared by receives on other
+  // communicators, the receive that finds a message first takes it (see RecvClaim).
+  virtual Work recv_any(void* buf, size_t count, DataType dtype, int tag,
+                        std::vector<int> sources = {},
+                        std::shared_ptr<RecvClaim> claim = nullptr) = 0;
 
   // Collective: ranks with the same `color` form a new communicator, ordered by `key`
   // then by rank in this one. A negative color returns nullptr (the rank takes part

@@ -42,6 +42,11 @@ class Work {
   // "allreduce #12" and the like: the operation and its sequence number.
   std::string description() const;
 
+  // A completed recv or recv_any: the rank its message came from. -1 for other
+  // operations, while running, after a failure, and for a recv_any whose claim another
+  // receive took.
+  int source() const;
+
  private:
   friend class internal::CommunicatorImpl;
   // An operation that completed successfully while it was issued (a small collective

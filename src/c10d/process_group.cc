@@ -44,11 +44,11 @@ ProcessGroupChorus::~ProcessGroupChorus() {
 ProcessGroupChorus::Ptr ProcessGroupChorus::launch(OpType type, Work operation,
                                                    std::vector<at::Tensor> outputs,
                                                    ChorusWork::Finisher finish,
-                                                   std::vector<at::Tensor> keep) {
+                                                   std::vector<at::Tensor> keep, Work partner) {
   ++sequence_;
   auto work = c10::make_intrusive<ChorusWork>(rank_, type, std::move(operation), std::move(outputs),
                                               std::move(finish), std::move(keep), comms_,
-                                              completer_);
+                                              completer_, std::move(partner));
   std::lock_guard<std::mutex> lock(pending_mutex_);
   while (!pending_.empty() && pending_.front()->operation_done()) pending_.pop_front();
   pending_.push_back(work);
@@ -327,11 +327,10 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::send(std::vector<at::Tensor>& tensor
                                                  int tag) {
   const std::string op = "send";
   at::Tensor& t = single(tensors, op);
-  check_tag(tag, op);
   check_root(dst_rank, size_, op);
   const Moved m = moved_of(t);
   at::Tensor buf = staged_in(t);
-  Work w = p2p_to(dst_rank).send(buf.data_ptr(), elems(buf, m.width), m.dtype, dst_rank);
+  Work w = p2p_to(dst_rank).send(buf.data_ptr(), elems(buf, m.width), m.dtype, dst_rank, tag);
   return launch(OpType::SEND, w, {t}, nullptr, {buf});
 }
 
@@ -339,16 +338,37 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::recv(std::vector<at::Tensor>& tensor
                                                  int tag) {
   const std::string op = "recv";
   at::Tensor& t = single(tensors, op);
-  check_tag(tag, op);
   check_root(src_rank, size_, op);
   const Moved m = moved_of(t);
   at::Tensor buf = staged_out(t);
-  Work w = p2p_from(src_rank).recv(buf.data_ptr(), elems(buf, m.width), m.dtype, src_rank);
+  Work w = p2p_from(src_rank).recv(buf.data_ptr(), elems(buf, m.width), m.dtype, src_rank, tag);
   return launch(OpType::RECV, w, {t}, copy_back(t, buf), {buf});
 }
 
+// The lower ranks' messages come on p2p[0] and the higher ranks' on p2p[1]: the receive
+// is issued on both with one claim, and the first to find a message with `tag` takes
+// it (the other completes without one). Each is issued now, so that receives issued
+// later on either communicator cannot overtake it.
 ProcessGroupChorus::Ptr ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  refuse("recv", "a receive from any source is not supported; name the source rank (src=...)");
+  const std::string op = "recv";
+  at::Tensor& t = single(tensors, op);
+  if (size_ == 1) refuse(op, "a receive from any source needs another rank (world size 1)");
+  const Moved m = moved_of(t);
+  at::Tensor buf = staged_out(t);
+  std::vector<int> lower, higher;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) (r < rank_ ? lower : higher).push_back(r);
+  }
+  auto claim = lower.empty() || higher.empty() ? nullptr : std::make_shared<RecvClaim>();
+  Work first, second;
+  if (!lower.empty()) {
+    first = comms_->p2p[0]->recv_any(buf.data_ptr(), elems(buf, m.width), m.dtype, tag, lower, claim);
+  }
+  if (!higher.empty()) {
+    (lower.empty() ? first : second) =
+        comms_->p2p[1]->recv_any(buf.data_ptr(), elems(buf, m.width), m.dtype, tag, higher, claim);
+  }
+  return launch(OpType::RECVANYSOURCE, first, {t}, copy_back(t, buf), {buf}, second);
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::barrier(const ::c10d::BarrierOptions& opts) {

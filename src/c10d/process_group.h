@@ -120,8 +120,10 @@ class ProcessGroupChorus : public BackendBase {
   Communicator& communicator() { return *comms_->collectives; }
 
  private:
+  // `partner`: a second operation the work also waits for (a receive from any source,
+  // issued on both send/recv communicators).
   Ptr launch(::c10d::OpType type, Work operation, std::vector<at::Tensor> outputs,
-             ChorusWork::Finisher finish, std::vector<at::Tensor> keep);
+             ChorusWork::Finisher finish, std::vector<at::Tensor> keep, Work partner = {});
   Communicator& comm() { return *comms_->collectives; }
   Communicator& p2p_to(int peer) { return *comms_->p2p[rank_ < peer ? 0 : 1]; }
   Communicator& p2p_from(int peer) { return *comms_->p2p[peer < rank_ ? 0 : 1]; }

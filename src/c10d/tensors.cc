@@ -16,12 +16,6 @@ using torch_ext::to_chorus_dtype;
   throw InvalidArgumentError("chorus " + op + ": " + why);
 }
 
-void check_tag(int tag, const std::string& op) {
-  if (tag != 0) {
-    refuse(op, "tag " + std::to_string(tag) +
-                   ": chorus matches messages by order between two ranks, not by tag (use tag 0)");
-  }
-}
 
 std::string shape_of(const at::Tensor& t) {
   std::string s = "[";

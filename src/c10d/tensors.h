@@ -50,8 +50,6 @@ void check_one_dtype(const std::vector<at::Tensor>& list, const std::string& op,
 // filled through flat views).
 void check_coalesced(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                      int size, bool gather, const std::string& op);
-// Messages between two ranks match by order: only tag 0.
-void check_tag(int tag, const std::string& op);
 
 const char* torch_op_name(::c10d::ReduceOp::RedOpType op);
 

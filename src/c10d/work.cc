@@ -2,6 +2,8 @@
 
 #include <ATen/core/jit_type.h>
 
+#include <algorithm>
+
 #include "chorus/error.h"
 
 namespace chorus::c10d_backend {
@@ -16,9 +18,10 @@ void Comms::abort_all(const std::string& reason) {
 ChorusWork::ChorusWork(int rank, ::c10d::OpType type, ::chorus::Work operation,
                        std::vector<at::Tensor> outputs, Finisher finish,
                        std::vector<at::Tensor> keep, std::shared_ptr<Comms> comms,
-                       std::weak_ptr<Completer> completer)
+                       std::weak_ptr<Completer> completer, ::chorus::Work partner)
     : ::c10d::Work(rank, type),
       operation_(std::move(operation)),
+      partner_(std::move(partner)),
       outputs_(std::move(outputs)),
       finish_(std::move(finish)),
       keep_(std::move(keep)),
@@ -34,6 +37,7 @@ void ChorusWork::complete() {
     if (done_) return;
     try {
       operation_.wait();
+      partner_.wait();
       if (finish_) finish_();
     } catch (const Error& e) {
       error = std::current_exception();
@@ -79,9 +83,16 @@ std::exception_ptr ChorusWork::exception() const {
 
 std::vector<at::Tensor> ChorusWork::result() { return outputs_; }
 
+int ChorusWork::sourceRank() const {
+  const int source = std::max(operation_.source(), partner_.source());
+  if (source >= 0) return source;
+  return ::c10d::Work::sourceRank();  // raises: not a completed receive
+}
+
 bool ChorusWork::wait(std::chrono::milliseconds timeout) {
   // chorus's Work::wait(timeout) returns false while the operation is still running.
-  if (timeout > std::chrono::milliseconds(0) && !operation_.wait(timeout)) {
+  if (timeout > std::chrono::milliseconds(0) &&
+      !(operation_.wait(timeout) && partner_.wait(timeout))) {
     throw TimeoutError(operation_.description() + " did not complete within the " +
                        std::to_string(timeout.count()) + " ms given to wait()");
   }

@@ -50,7 +50,8 @@ class ChorusWork : public ::c10d::Work {
   // `outputs`. `keep` holds tensors the operation reads or writes.
   ChorusWork(int rank, ::c10d::OpType type, ::chorus::Work operation,
              std::vector<at::Tensor> outputs, Finisher finish, std::vector<at::Tensor> keep,
-             std::shared_ptr<Comms> comms, std::weak_ptr<Completer> completer);
+             std::shared_ptr<Comms> comms, std::weak_ptr<Completer> completer,
+             ::chorus::Work partner = {});
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -65,10 +66,13 @@ class ChorusWork : public ::c10d::Work {
   // Waits for the chorus operation, runs the finisher, completes the future; once.
   void complete();
   // True once the chorus operation has finished (the finisher may not have run).
-  bool operation_done() const { return operation_.is_completed(); }
+  bool operation_done() const { return operation_.is_completed() && partner_.is_completed(); }
+  // A receive's sender (torch's Work::sourceRank); other works raise as torch's do.
+  int sourceRank() const override;
 
  private:
   ::chorus::Work operation_;
+  ::chorus::Work partner_;  // empty (completed) unless a second operation belongs to it
   std::vector<at::Tensor> outputs_;
   Finisher finish_;
   std::vector<at::Tensor> keep_;

@@ -352,12 +352,64 @@ refused(lambda: dist.all_gather_into_tensor(torch.empty(n * 2 + 1), torch.ones(2
         "allgather_into_tensor")
 refused(lambda: dist.all_to_all_single(torch.empty(n), torch.ones(n), [1] * n, [2] * n, group=CH),
         "split sizes")
-if n > 1:
-    refused(lambda: dist.send(torch.ones(1), (rank + 1) % n, group=CH, tag=7), "tag 7")
-    refused(lambda: dist.recv(torch.ones(1), group=CH), "source")
 x = torch.ones(3)
 dist.all_reduce(x, group=CH)
 same(torch.full((3,), float(n)), x, "all_reduce after refused calls")
+
+# --- send/recv with tags and from any source, as torch's own tests do them, on chorus and gloo --
+def tags_and_any_source(group):
+    """What this rank receives: torch's test_send_recv_with_tag (rank r sends its rank with
+    tag r; each receiver asks every sender for that tag), then its test_send_recv_any_source
+    (recv and irecv from any source; sourceRank() names the sender), then tags received in
+    the reverse of their send order (the later tags wait, held, for their receives)."""
+    got = []
+    mine = torch.full((10,), float(rank))
+    for dst in range(n):
+        if dst == rank:
+            for src in range(n):
+                if src != rank:
+                    out = torch.full((10,), -1.0)
+                    dist.recv(out, src, group=group, tag=src)
+                    assert out.eq(src).all(), (src, out)
+                    got.append(("tag", src))
+        else:
+            dist.send(mine, dst, group=group, tag=rank)
+    senders = []
+    for dst in range(n):
+        if dst == rank:
+            for _ in range(n - 1):
+                out = torch.full((10,), -1.0)
+                sender = dist.recv(out, group=group)
+                assert out.eq(sender).all(), (sender, out)
+                out = torch.full((10,), -1.0)
+                work = dist.irecv(out, group=group)
+                work.wait()
+                assert out.eq(work._source_rank()).all(), (work._source_rank(), out)
+                senders += [sender, work._source_rank()]
+        else:
+            dist.send(mine, dst, group=group)
+            dist.send(mine, dst, group=group)
+    got.append(("any", sorted(senders)))
+    # Rank 0 sends every other rank tags 1..4 with 1..4 elements; they receive 4..1.
+    if rank == 0:
+        works = [dist.isend(torch.full((t,), 10.0 * p + t), p, group=group, tag=t)
+                 for p in range(1, n) for t in range(1, 5)]
+        for w in works:
+            w.wait()
+    else:
+        for t in range(4, 0, -1):
+            out = torch.zeros(t)
+            dist.recv(out, 0, group=group, tag=t)
+            got.append(("reversed", t, out.tolist()))
+    return got
+
+
+if n > 1:
+    on_chorus = tags_and_any_source(CH)
+    on_gloo = tags_and_any_source(GL)
+    assert on_chorus == on_gloo, (on_chorus, on_gloo)
+    assert sorted(on_chorus[n - 1][1]) == sorted([r for r in range(n) if r != rank] * 2), on_chorus
+    checks += 1
 
 # --- torch 2.x: PREMUL_SUM, the coalesced tensor collectives, coalescing, setTimeout ---------
 if int(torch.__version__.split(".")[0]) >= 2:

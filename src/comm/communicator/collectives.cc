@@ -1,5 +1,6 @@
 // The issuing side of every collective: check arguments, then queue a body that runs
 // the chosen algorithm on the progress thread.
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <numeric>
@@ -336,26 +337,57 @@ Work CommunicatorImpl::barrier() {
   });
 }
 
-Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int peer) {
+Work CommunicatorImpl::send(const void* buf, size_t count, DataType dtype, int peer, int tag) {
   Validator v(Collective::kSend, rank_, size_);
   v.peer(peer);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(buf, count, "send");
   OpSpec s = shaped(spec(Collective::kSend, dtype), count, peer);  // the flight recorder's count and peer
+  s.tag = tag;
   return enqueue(s, [=](const Context& ctx) {
     // The transport routes: a peer on this node through shared memory, others over tcp.
     ctx.transport.wait(ctx.transport.isend(peer, buf, bytes));
   });
 }
 
-Work CommunicatorImpl::recv(void* buf, size_t count, DataType dtype, int peer) {
+Work CommunicatorImpl::recv(void* buf, size_t count, DataType dtype, int peer, int tag) {
   Validator v(Collective::kRecv, rank_, size_);
   v.peer(peer);
   size_t bytes = v.bytes(count, dtype, "count");
   v.buffer(buf, count, "recv");
   OpSpec s = shaped(spec(Collective::kRecv, dtype), count, peer);  // the flight recorder's count and peer
-  return enqueue(s, [=](const Context& ctx) {
-    ctx.transport.wait(ctx.transport.irecv(peer, buf, bytes));
+  s.tag = tag;
+  s.source = std::make_shared<std::atomic<int>>(-1);
+  const transport::Signature mine = signature_of(s);
+  return enqueue(s, [=, this, source = s.source](const Context& ctx) {
+    receive_matching(ctx.transport, buf, bytes, {peer}, mine, nullptr, *source);
+  });
+}
+
+Work CommunicatorImpl::recv_any(void* buf, size_t count, DataType dtype, int tag,
+                                std::vector<int> sources, std::shared_ptr<RecvClaim> claim) {
+  Validator v(Collective::kRecv, rank_, size_);
+  if (sources.empty()) {
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) sources.push_back(r);
+    }
+    if (sources.empty()) v.fail("a receive from any source needs another rank (world size 1)");
+  }
+  std::sort(sources.begin(), sources.end());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    v.peer(sources[i]);
+    if (i > 0 && sources[i] == sources[i - 1]) {
+      v.fail("sources names rank " + std::to_string(sources[i]) + " twice");
+    }
+  }
+  size_t bytes = v.bytes(count, dtype, "count");
+  v.buffer(buf, count, "recv");
+  OpSpec s = shaped(spec(Collective::kRecv, dtype), count, -1);
+  s.tag = tag;
+  s.source = std::make_shared<std::atomic<int>>(-1);
+  const transport::Signature mine = signature_of(s);
+  return enqueue(s, [=, this, source = s.source](const Context& ctx) {
+    receive_matching(ctx.transport, buf, bytes, sources, mine, claim.get(), *source);
   });
 }
 

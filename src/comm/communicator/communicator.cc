@@ -197,6 +197,7 @@ Operation CommunicatorImpl::make_op(const OpSpec& spec, uint64_t seq,
                                     std::chrono::steady_clock::time_point at, OpBody body,
                                     bool started) {
   auto work = std::make_shared<WorkState>(collective_name(spec.what), seq, weak_from_this());
+  if (spec.source) work->set_source_slot(spec.source);
   size_t slot = 0;
   if (recorder_.enabled()) {
     slot = started ? recorder_.started(seq, spec.what, spec.dtype, spec.count, spec.root, at)
@@ -254,6 +255,7 @@ transport::Signature signature_of(const OpSpec& spec) {
   sig.root = is_p2p(spec.what) ? -1 : spec.root;  // a send's peer is not its recv's
   sig.dtype = static_cast<uint8_t>(spec.dtype);
   if (spec.reduces) sig.reduce = static_cast<uint8_t>(spec.op);
+  sig.tag = spec.tag;
   return sig;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,9 @@ struct OpSpec {
   // The count every rank passes, in the call's signature (transport::Signature: the
   // allgatherv's digest of recv_counts; 0 for alltoallv, whose counts vary).
   uint64_t agreed_count = 0;
+  int tag = 0;  // send/recv
+  // recv, recv_any: where the body writes the sender (Work::source()).
+  std::shared_ptr<std::atomic<int>> source;
 };
 
 // What every rank of a call passes alike (transport::Signature), from its spec.
@@ -88,8 +92,10 @@ class CommunicatorImpl final : public Communicator,
                  std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
                  DataType dtype) override;
   Work barrier() override;
-  Work send(const void* buf, size_t count, DataType dtype, int peer) override;
-  Work recv(void* buf, size_t count, DataType dtype, int peer) override;
+  Work send(const void* buf, size_t count, DataType dtype, int peer, int tag = 0) override;
+  Work recv(void* buf, size_t count, DataType dtype, int peer, int tag = 0) override;
+  Work recv_any(void* buf, size_t count, DataType dtype, int tag, std::vector<int> sources = {},
+                std::shared_ptr<RecvClaim> claim = nullptr) override;
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override;
   bool is_aborted() const override { return abort_requested_.load(); }
@@ -151,6 +157,20 @@ class CommunicatorImpl final : public Communicator,
   void fail_aborted(Op& op);
   // abort()'s work; `reason` is the whole cause the operations and the peers see.
   void abort_with(const std::string& reason);
+  // The body of recv and recv_any (p2p.cc), on the runner: takes the first message with
+  // `mine`'s tag from one of `sources`, held or arriving, into `buf` (`bytes`), holding
+  // the messages with other tags it finds on the way; writes the sender to `source`.
+  // With a `claim`, returns without a message once another receive has taken it.
+  void receive_matching(transport::Transport& t, void* buf, size_t bytes,
+                        const std::vector<int>& sources, const transport::Signature& mine,
+                        RecvClaim* claim, std::atomic<int>& source);
+  // A message that arrived before its receive (receive_matching()), whole.
+  struct HeldMessage {
+    int peer;
+    transport::Signature sig;
+    std::vector<uint8_t> bytes;
+  };
+  void hold(transport::Transport& t, const transport::Arrival& arrival);
   // CHORUS_DEBUG=DETAIL: every rank's fingerprint of `op`, compared before it runs.
   void check_consistency(const Op& op);
   std::string where() const;
@@ -188,6 +208,10 @@ class CommunicatorImpl final : public Communicator,
   static constexpr size_t kChoiceMemo = 16;  // the hash takes the top 4 bits
   mutable std::atomic<uint64_t> allreduce_choice_[kChoiceMemo] = {};
   algorithms::Scratch scratch_;
+  // Messages held for their receives, in arrival order, and their payload bytes; only
+  // the runner touches them.
+  std::deque<HeldMessage> held_;
+  size_t held_bytes_ = 0;
 
   // Operations issued and not yet completed (queued or running): counted up in
   // enqueue() under the engine's lock, down just before each Work completes, so that a

@@ -50,6 +50,8 @@ bool Work::is_completed() const { return !state_ || state_->completed(); }
 
 std::exception_ptr Work::error() const { return state_ ? state_->error() : nullptr; }
 
+int Work::source() const { return state_ ? state_->source() : -1; }
+
 std::string Work::description() const {
   if (state_) return state_->description();
   if (done_name_ != nullptr) return std::string(done_name_) + " #" + std::to_string(done_seq_);

@@ -39,6 +39,9 @@ class WorkState {
   bool wait_until(std::chrono::steady_clock::time_point deadline);
   // Offers the calling thread to run the operation (see Executor).
   void help();
+  // A receive's sender, written by its body before it completes (set before it runs).
+  void set_source_slot(std::shared_ptr<std::atomic<int>> slot) { source_ = std::move(slot); }
+  int source() const { return source_ && completed() && !error_ ? source_->load() : -1; }
 
  private:
   // kSleeping: pending, and some thread sleeps on the futex (complete() must wake it).
@@ -48,6 +51,7 @@ class WorkState {
   const char* name_;
   uint64_t seq_;
   std::weak_ptr<Executor> executor_;
+  std::shared_ptr<std::atomic<int>> source_;
 };
 
 }  // namespace chorus::internal

@@ -36,6 +36,24 @@ Request RoutedTransport::irecv(int peer, void* data, size_t len) {
   return part(peer).irecv(peer, data, len);
 }
 
+Arrival RoutedTransport::probe(const std::vector<int>& peers, Clock::time_point until) {
+  std::vector<int> local, remote;
+  for (int peer : peers) (&part(peer) == node_.get() ? local : remote).push_back(peer);
+  if (remote.empty()) return node_->probe(local, until);
+  if (local.empty()) return network_->probe(remote, until);
+  while (true) {
+    // Without waiting first, so that neither part's arrivals wait out the other's turn.
+    Arrival a = node_->probe(local, Clock::now());
+    if (a.peer >= 0) return a;
+    const auto now = Clock::now();
+    if (now >= until) return a;
+    a = network_->probe(remote, std::min(until, now + kTurn));
+    if (a.peer >= 0) return a;
+    a = node_->probe(local, std::min(until, Clock::now() + kTurn));
+    if (a.peer >= 0 || Clock::now() >= until) return a;
+  }
+}
+
 void RoutedTransport::wait(const Request& request) { drive(&request, Clock::time_point::max()); }
 
 void RoutedTransport::wait_all() { drive(nullptr, Clock::time_point::max()); }

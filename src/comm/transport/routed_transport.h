@@ -37,6 +37,11 @@ class RoutedTransport final : public Transport {
   void begin(const OpInfo& op) override;
   Request isend(int peer, const void* data, size_t len) override;
   Request irecv(int peer, void* data, size_t len) override;
+  // Asks each part about its own peers; in turns of kTurn while both have some.
+  Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until) override;
+  Request irecv_message(int peer, void* data, size_t len, const Signature& sig) override {
+    return part(peer).irecv_message(peer, data, len, sig);
+  }
   void wait(const Request& request) override;
   bool test(const Request& request) const override { return part(request.peer).test(request); }
   void wait_all() override;

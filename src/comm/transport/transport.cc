@@ -1,6 +1,7 @@
 #include "comm/transport/transport.h"
 
 #include <cstdio>
+#include <stdexcept>
 #include <string_view>
 
 #include "chorus/types.h"
@@ -54,7 +55,27 @@ std::string describe_call(uint8_t code, const char* name, uint64_t seq, bool p2p
     s += known ? op_name(static_cast<ReduceOp>(sig.reduce)) : "an unknown op";
   }
   if (sig.root >= 0) s += ", root " + std::to_string(sig.root);
+  if (p2p && sig.tag != 0) s += ", tag " + std::to_string(sig.tag);
   return s;
+}
+
+Arrival Transport::probe(const std::vector<int>&, std::chrono::steady_clock::time_point) {
+  throw std::logic_error("this transport carries no send/recv messages to probe");
+}
+
+Request Transport::irecv_message(int, void*, size_t, const Signature&) {
+  throw std::logic_error("this transport carries no send/recv messages");
+}
+
+std::string probe_timeout_text(const std::string& op, const std::string& here,
+                               const std::string& where, int tag,
+                               const std::vector<std::string>& from) {
+  std::string s = op + " timed out on " + here + " waiting" + where + " for ";
+  if (from.size() > 1) s += "any of: ";
+  for (size_t i = 0; i < from.size(); ++i) s += (i > 0 ? ", " : "") + from[i];
+  s += " to send a message";
+  if (tag != 0) s += " with tag " + std::to_string(tag);
+  return s + " (the sender is stopped, hung, behind, or sends with another tag)";
 }
 
 std::string mismatch_text(const std::string& peer, int peer_rank, const std::string& theirs,

@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "chorus/types.h"
 #include "comm/common/deadline.h"
@@ -73,6 +74,7 @@ struct Signature {
   int32_t root = -1;         // broadcast, reduce, gather, scatter; -1 otherwise
   uint8_t dtype = kNoDtype;  // a DataType
   uint8_t reduce = kNoReduce;  // a ReduceOp where the call reduces
+  int32_t tag = 0;             // send/recv: the message's tag (0 for collectives)
   bool operator==(const Signature&) const = default;
 };
 
@@ -100,11 +102,27 @@ std::string describe_call(uint8_t code, const char* name, uint64_t seq, bool p2p
 std::string mismatch_text(const std::string& peer, int peer_rank, const std::string& theirs,
                           const std::string& mine);
 
+// The TimeoutError text of a probe() past the operation's deadline: "recv #3 timed out
+// on rank 0 (host h) waiting for rank 2 (host h, ...) to send a message with tag 5" (or
+// "for any of: rank 1 (...), rank 2 (...) to send ..."); `where`: " in shared memory" or
+// empty.
+std::string probe_timeout_text(const std::string& op, const std::string& here,
+                               const std::string& where, int tag,
+                               const std::vector<std::string>& from);
+
 // A wait that has not completed after this long looks further than the streams it
 // waits on (see the model above). Far above any healthy wait on one machine (1 MiB
 // allreduce, 4 ranks over loopback: about 2 ms) so that it costs nothing there, and far
 // below any operation timeout.
 inline constexpr std::chrono::milliseconds kSuspectAfter{100};
+
+// What probe() finds: the next unread send/recv message of a peer, announced by its
+// header (nothing of it consumed). peer -1: none arrived in time.
+struct Arrival {
+  int peer = -1;
+  Signature sig;    // the sender's call: dtype, count, tag
+  size_t length = 0;  // payload bytes
+};
 
 // Identifies a posted message: the peer, the direction and the position in that
 // stream. Cheap to copy.
@@ -143,6 +161,19 @@ class Transport {
   // (routed_transport.h) calls to drive each of them in turn. Errors and the
   // operation's deadline as in wait().
   virtual bool wait_for(const Request* request, std::chrono::microseconds slice) = 0;
+
+  // Send/recv only (the operation's kind is kP2P). Waits until the next unread message
+  // of one of `peers`, none of which may have a receive posted, has arrived (its header
+  // at least) or `until` passes; returns the first found, or peer -1. Consumes nothing:
+  // an irecv() from that peer then takes the message. Errors as wait(): a peer of
+  // `peers` that died, aborted or left, the operation's deadline, interrupt(). Also
+  // consumes and checks what is not a message (waiting frames). Transports that carry
+  // no send/recv (views) throw std::logic_error.
+  virtual Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until);
+  // Like irecv(), of a send/recv message that probe() announced with `sig`: the
+  // message's own call is expected rather than this operation's (the caller keeps a
+  // message that arrived before its receive was posted, and compares later).
+  virtual Request irecv_message(int peer, void* data, size_t len, const Signature& sig);
 
   // Thread-safe: makes the wait in progress (or the next one) throw AbortedError with
   // `reason` promptly. The driving thread then calls abort().

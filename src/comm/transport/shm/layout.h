@@ -124,7 +124,7 @@ struct ShmGroup::Control {
   // sequence lock, `waiting_version` odd while it changes.
   alignas(64) uint64_t waiting_version;
   uint64_t waiting_for;          // local ranks awaited, a bit each (bit 63: 63 and beyond)
-  uint64_t waiting_call[4];      // the OpDesc, as words (read while it may change)
+  uint64_t waiting_call[5];      // the OpDesc, as words (read while it may change)
   uint64_t waiting;              // 1 while published
   char reason[kReasonBytes];     // why it aborted, NUL-terminated
 };

@@ -170,12 +170,12 @@ void ShmGroup::close() {
 void ShmGroup::publish_waiting(const OpDesc& call, uint64_t awaited) {
   static_assert(sizeof(OpDesc) <= sizeof(Control::waiting_call));
   Control& mine = control(local_rank_);
-  uint64_t words[4] = {};
+  uint64_t words[sizeof(Control::waiting_call) / sizeof(uint64_t)] = {};
   std::memcpy(words, &call, sizeof call);
   const uint64_t v = atomic(mine.waiting_version).load(std::memory_order_relaxed);
   atomic(mine.waiting_version).store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  for (int k = 0; k < 4; ++k) atomic(mine.waiting_call[k]).store(words[k], std::memory_order_relaxed);
+  for (size_t k = 0; k < std::size(words); ++k) atomic(mine.waiting_call[k]).store(words[k], std::memory_order_relaxed);
   atomic(mine.waiting_for).store(awaited, std::memory_order_relaxed);
   atomic(mine.waiting).store(1, std::memory_order_relaxed);
   atomic(mine.waiting_version).store(v + 2, std::memory_order_release);
@@ -195,8 +195,8 @@ bool ShmGroup::read_waiting(int i, OpDesc& call, uint64_t& awaited) const {
   Control& c = control(i);
   const uint64_t before = atomic(c.waiting_version).load(std::memory_order_acquire);
   if (before & 1) return false;
-  uint64_t words[4];
-  for (int k = 0; k < 4; ++k) words[k] = atomic(c.waiting_call[k]).load(std::memory_order_relaxed);
+  uint64_t words[sizeof(Control::waiting_call) / sizeof(uint64_t)];
+  for (size_t k = 0; k < std::size(words); ++k) words[k] = atomic(c.waiting_call[k]).load(std::memory_order_relaxed);
   awaited = atomic(c.waiting_for).load(std::memory_order_relaxed);
   const uint64_t waiting = atomic(c.waiting).load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);

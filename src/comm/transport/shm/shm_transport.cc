@@ -25,7 +25,9 @@ void store(uint64_t* word, uint64_t value) {
   std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_seq_cst);
 }
 
-Signature signature(const ShmTransport::Header& h) { return Signature{h.count, h.root, h.dtype, h.reduce}; }
+Signature signature(const ShmTransport::Header& h) {
+  return Signature{h.count, h.root, h.dtype, h.reduce, h.tag};
+}
 
 }  // namespace
 
@@ -50,32 +52,91 @@ void ShmTransport::begin(const OpInfo& op) {
   group_.clear_waiting();
 }
 
-ShmTransport::Header ShmTransport::header_for(size_t len) const {
+ShmTransport::Header ShmTransport::header_for(size_t len, const Signature& sig) const {
   Header h{};
   h.magic = kMessageMagic;
   h.kind = static_cast<uint8_t>(op_.kind);
   h.code = op_.code;
-  h.dtype = op_.sig.dtype;
-  h.reduce = op_.sig.reduce;
-  h.root = op_.sig.root;
+  h.dtype = sig.dtype;
+  h.reduce = sig.reduce;
+  h.root = sig.root;
   h.seq = op_.kind == FrameKind::kP2P ? 0 : op_.seq;  // p2p numbers differ between ranks
-  h.count = op_.sig.count;
+  h.count = sig.count;
+  h.tag = sig.tag;
   h.length = len;
   return h;
 }
 
 Request ShmTransport::isend(int peer, const void* data, size_t len) {
   Peer& p = peers_[local(peer)];
-  Send s{header_for(len), static_cast<const uint8_t*>(data)};
+  Send s{header_for(len, op_.sig), static_cast<const uint8_t*>(data)};
   s.header.number = ++p.written;
   p.sends.push_back(s);
   return Request{peer, true, p.sends_posted++};
 }
 
-Request ShmTransport::irecv(int peer, void* data, size_t len) {
+Request ShmTransport::irecv_message(int peer, void* data, size_t len, const Signature& sig) {
   Peer& p = peers_[local(peer)];
-  p.recvs.push_back(Recv{header_for(len), Header{}, static_cast<uint8_t*>(data)});
+  p.recvs.push_back(Recv{header_for(len, sig), Header{}, static_cast<uint8_t*>(data)});
   return Request{peer, false, p.recvs_posted++};
+}
+
+bool ShmTransport::peek_header(int i, Header& h) const {
+  const ShmGroup::Stream st = group_.stream(i, group_.local_rank());
+  const uint64_t tail = load(st.tail, std::memory_order_relaxed);
+  if (load(st.head, std::memory_order_acquire) - tail < kHeaderBytes) return false;
+  auto* to = reinterpret_cast<uint8_t*>(&h);
+  for (size_t k = 0; k < kHeaderBytes; ++k) to[k] = st.ring[(tail + k) % st.capacity];
+  return true;
+}
+
+Arrival ShmTransport::probe(const std::vector<int>& peers, Clock::time_point until) {
+  std::vector<int> locals;
+  for (int peer : peers) locals.push_back(local(peer));
+  while (true) {
+    for (size_t k = 0; k < locals.size(); ++k) {
+      Header h;
+      if (!peek_header(locals[k], h)) continue;
+      if (h.magic != kMessageMagic || h.number != peers_[locals[k]].read + 1 ||
+          h.kind != static_cast<uint8_t>(FrameKind::kP2P)) {
+        // Not the send/recv message that comes next: the receive explains it.
+        Recv r{header_for(h.length, op_.sig), h, nullptr};
+        ++peers_[locals[k]].read;
+        check_header(locals[k], r);
+        throw std::logic_error("ShmTransport::probe: a message that is not the next send/recv passed");
+      }
+      return Arrival{peers[k], signature(h), h.length};
+    }
+    if (Clock::now() >= until) return Arrival{};
+    group_.wait_streams(
+        [&] {
+          for (int i : locals) {
+            const ShmGroup::Stream st = group_.stream(i, group_.local_rank());
+            if (load(st.head, std::memory_order_acquire) - load(st.tail, std::memory_order_relaxed) >=
+                kHeaderBytes) {
+              return true;
+            }
+          }
+          return false;
+        },
+        [&](bool liveness) {
+          group_.check_interrupt();
+          for (int i : locals) {
+            if (ring_has_bytes(i)) continue;  // what it wrote before leaving is still here
+            group_.check_peer(i, liveness, true,
+                              "closed the communicator while this rank waited for it to send",
+                              "while this rank waited for it to send in shared memory");
+          }
+        },
+        [&] {
+          std::vector<std::string> names;
+          for (int i : locals) names.push_back(group_.rank_name(i));
+          throw TimeoutError(probe_timeout_text(group_.op_name(), group_.rank_name(group_.local_rank()),
+                                                " in shared memory", op_.sig.tag, names),
+                             peers);
+        },
+        until);
+  }
 }
 
 bool ShmTransport::done(const Request& r) const {

@@ -49,7 +49,11 @@ class ShmTransport final : public Transport {
   void begin(const OpInfo& op) override;
 
   Request isend(int peer, const void* data, size_t len) override;
-  Request irecv(int peer, void* data, size_t len) override;
+  Request irecv(int peer, void* data, size_t len) override {
+    return irecv_message(peer, data, len, op_.sig);
+  }
+  Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until) override;
+  Request irecv_message(int peer, void* data, size_t len, const Signature& sig) override;
   void wait(const Request& request) override;
   bool test(const Request& request) const override;
   void wait_all() override;
@@ -68,7 +72,7 @@ class ShmTransport final : public Transport {
     uint8_t dtype;   // the call's Signature
     uint8_t reduce;
     int32_t root;
-    uint32_t reserved;
+    int32_t tag;     // send/recv: the message's tag
     uint64_t seq;     // the collective's sequence number; 0 for send/recv
     uint64_t count;   // Signature::count
     uint64_t length;  // bytes that follow
@@ -96,7 +100,9 @@ class ShmTransport final : public Transport {
   using Clock = std::chrono::steady_clock;
 
   int local(int peer) const;
-  Header header_for(size_t len) const;
+  Header header_for(size_t len, const Signature& sig) const;
+  // The header of the next unread message from local rank i, when it is all there.
+  bool peek_header(int i, Header& h) const;
   bool done(const Request& r) const;
   bool all_done() const;
   // Whether the ring to local rank i has room, and whether the one from it has bytes.

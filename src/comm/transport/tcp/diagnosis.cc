@@ -277,6 +277,12 @@ std::string TcpTransport::salvage_abort_reason(int peer) {
   return "";
 }
 
+void TcpTransport::fail_probe_timeout(const std::vector<int>& peers) const {
+  std::vector<std::string> names;
+  for (int peer : peers) names.push_back(peer_name(peer));
+  throw TimeoutError(probe_timeout_text(op_name(), here(), "", op_.sig.tag, names), peers);
+}
+
 void TcpTransport::fail_timeout() const {
   std::ostringstream m;
   m << op_name() << " timed out on " << here() << "; still waiting:";

@@ -38,14 +38,17 @@ struct FrameHeader {
   int32_t root = -1;
   uint8_t dtype = kNoDtype;
   uint8_t reduce = kNoReduce;
-  uint8_t reserved[34] = {};  // zero; pads the header to one cache line (see above)
+  uint8_t reserved0[2] = {};
+  int32_t tag = 0;            // send/recv: the message's tag
+  uint8_t reserved[28] = {};  // zero; pads the header to one cache line (see above)
 
-  Signature signature() const { return Signature{count, root, dtype, reduce}; }
+  Signature signature() const { return Signature{count, root, dtype, reduce, tag}; }
   void set_signature(const Signature& s) {
     count = s.count;
     root = s.root;
     dtype = s.dtype;
     reduce = s.reduce;
+    tag = s.tag;
   }
 };
 static_assert(sizeof(FrameHeader) == 64);

@@ -80,17 +80,100 @@ Request TcpTransport::isend(int peer, const void* data, size_t len) {
   return Request{peer, true, p.sends_posted++};
 }
 
-Request TcpTransport::irecv(int peer, void* data, size_t len) {
+Request TcpTransport::irecv_message(int peer, void* data, size_t len, const Signature& sig) {
   Peer& p = peers_[peer];
   RecvEntry e;
   e.want.kind = static_cast<uint8_t>(op_.kind);
   e.want.op = op_.code;
   e.want.seq = op_.kind == FrameKind::kP2P ? p.p2p_received++ : static_cast<uint32_t>(op_.seq);
   e.want.length = len;
-  e.want.set_signature(op_.sig);
+  e.want.set_signature(sig);
   e.data = static_cast<uint8_t*>(data);
   p.recvs.push_back(e);
   return Request{peer, false, p.recvs_posted++};
+}
+
+bool TcpTransport::peek_message(int peer, FrameHeader& h) {
+  Peer& p = peers_[peer];
+  while (true) {
+    if (p.said_goodbye) return false;
+    ssize_t n = ::recv(p.in.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) fail_closed(peer, peer_name(peer) + " closed its connection to this rank while "
+                                  "this rank waited for a message from it");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      std::string err = std::strerror(errno);
+      fail_closed(peer, "receiving from " + peer_name(peer) + " failed: " + err);
+    }
+    if (n != static_cast<ssize_t>(sizeof h)) return false;  // the rest is on its way
+    if (h.magic != kFrameMagic) {
+      fail_peer(peer, "corrupt frame from " + peer_name(peer) + " (bad magic number)");
+    }
+    switch (static_cast<FrameKind>(h.kind)) {
+      case FrameKind::kP2P:
+        return true;
+      case FrameKind::kWaiting:
+        ::recv(p.in.get(), &h, sizeof h, MSG_DONTWAIT);  // peeked whole: all there
+        check_against_call(peer, h);
+        continue;
+      case FrameKind::kGoodbye: {
+        // It sends nothing more: a receive from any of several peers waits for the others.
+        std::vector<uint8_t> sink(sizeof h + std::min<uint64_t>(h.length, kMaxControlPayload));
+        ::recv(p.in.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+        p.said_goodbye = true;
+        return false;
+      }
+      case FrameKind::kAbort: {
+        ::recv(p.in.get(), &h, sizeof h, MSG_DONTWAIT);
+        RecvEntry e;
+        e.got = h;
+        e.data = nullptr;
+        fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, 0));
+      }
+      default:
+        fail_peer(peer, "expected a send/recv message from " + peer_name(peer) + ", found " +
+                            describe_frame(h) + " (did the ranks issue different operations?)");
+    }
+  }
+}
+
+Arrival TcpTransport::probe(const std::vector<int>& peers, Clock::time_point until) {
+  if (closed_) throw AbortedError(op_name() + " on " + here() + ": the transport is closed");
+  auto spin_until = Clock::now() + kSpin;
+  std::vector<pollfd> fds;
+  while (true) {
+    bool any_left = false;
+    for (int peer : peers) {
+      FrameHeader h;
+      if (peek_message(peer, h)) return Arrival{peer, h.signature(), h.length};
+      any_left |= !peers_[peer].said_goodbye;
+    }
+    if (!any_left) {
+      fail_peer(peers.back(), (peers.size() == 1 ? peer_name(peers.back()) : "every rank it waited for") +
+                                  std::string(" left the communicator while this rank waited for a "
+                                              "message from it (did the ranks issue different "
+                                              "operations?)"));
+    }
+    check_interrupt();
+    const auto now = Clock::now();
+    if (now >= until) return Arrival{};
+    if (op_.deadline.expired()) fail_probe_timeout(peers);
+    if (now < spin_until) {
+      sched_yield();
+      continue;
+    }
+    fds.assign(1, pollfd{wakeup_.get(), POLLIN, 0});
+    for (int peer : peers) {
+      if (!peers_[peer].said_goodbye) fds.push_back({peers_[peer].in.get(), POLLIN | POLLRDHUP, 0});
+    }
+    int timeout = op_.deadline.remaining_ms(kPollSliceMs);
+    if (until != Clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
+      timeout = std::min<int>(timeout, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    }
+    if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) net::throw_errno("poll", errno);
+  }
 }
 
 bool TcpTransport::all_done() const {

@@ -50,7 +50,11 @@ class TcpTransport final : public Transport {
   void begin(const OpInfo& op) override;
 
   Request isend(int peer, const void* data, size_t len) override;
-  Request irecv(int peer, void* data, size_t len) override;
+  Request irecv(int peer, void* data, size_t len) override {
+    return irecv_message(peer, data, len, op_.sig);
+  }
+  Arrival probe(const std::vector<int>& peers, Clock::time_point until) override;
+  Request irecv_message(int peer, void* data, size_t len, const Signature& sig) override;
   void wait(const Request& request) override;
   bool test(const Request& request) const override { return done(request); }
   void wait_all() override;
@@ -76,6 +80,10 @@ class TcpTransport final : public Transport {
   // One poll() of the streams, returning by `until` at the latest.
   void poll_once(Clock::time_point until);
   void finish_header(int peer, RecvEntry& e, size_t payload_bytes_read);
+  // probe(): the header of the next message from `peer`, waiting frames consumed and
+  // checked; false while it has not arrived whole (or the peer has left).
+  bool peek_message(int peer, FrameHeader& h);
+  [[noreturn]] void fail_probe_timeout(const std::vector<int>& peers) const;
   void send_control(FrameKind kind, const std::string& text);
 
   // ---- diagnosis.cc ----
