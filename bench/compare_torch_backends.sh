@@ -11,11 +11,14 @@
 #      with hidden width 2048, on each -p rank count: samples/s.
 # Prints one table and the targets (all_reduce >= 5x up to 64 KiB, busbw >= 3x from
 # 64 KiB to 16 MiB, DDP >= 1.25x, FSDP2 >= 1.3x): met or missed, never a failure.
+# With --gloo1, also runs 1 and 2 on gloo under another torch (say Debian's 1.13) in
+# the same rounds, and prints how much faster gloo is on torch 2.x than on that one.
 #
 # Usage: bench/compare_torch_backends.sh [--python PY] [--pythonpath DIR] [-p "2 4"]
-#                                        [--quick] [-R ROUNDS] [-t TIMEOUT_S]
+#                                        [--gloo1 PY] [--quick] [-R ROUNDS] [-t TIMEOUT_S]
 #   --python      the python with torch 2.x      (default .venv-torch2/bin/python)
 #   --pythonpath  the folder holding torch_chorus (default build-torch2/python)
+#   --gloo1       a python with another torch, for gloo there too (say /usr/bin/python3)
 #   -p            rank counts of the FSDP2 step  (default "2 4")
 #   --quick       fewer iterations and steps, 1 round (under 3 minutes on 2 cores)
 #   -R            rounds, round robin over the backends; each keeps its best
@@ -29,15 +32,16 @@ set -euo pipefail
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY=$ROOT/.venv-torch2/bin/python
 PYPATH=$ROOT/build-torch2/python
-fsdp_worlds="2 4" quick=0 rounds="" timeout_s=""
+fsdp_worlds="2 4" quick=0 rounds="" timeout_s="" PY1=""
 
-usage() { sed -n '15,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
+usage() { sed -n '17,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
 die() { echo "compare_torch_backends: $*" >&2; exit 1; }
 
 while (($#)); do
   case $1 in
     --python) PY=${2:?--python needs a value}; shift 2 ;;
     --pythonpath) PYPATH=${2:?--pythonpath needs a value}; shift 2 ;;
+    --gloo1) PY1=${2:?--gloo1 needs a value}; shift 2 ;;
     -p) fsdp_worlds=${2:?-p needs a value}; shift 2 ;;
     --quick) quick=1; shift ;;
     -R) rounds=${2:?-R needs a value}; shift 2 ;;
@@ -60,6 +64,12 @@ export PYTHONPATH="$PYPATH${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 OPENBLA
   MKL_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo
 TORCH_VERSION=$(timeout 120 "$PY" -c 'import torch, torch.distributed as d; assert d.is_available(); print(torch.__version__)') ||
   die "$PY cannot import torch.distributed"
+TORCH1_VERSION=""
+if [[ -n $PY1 ]]; then
+  [[ -x $PY1 ]] || die "--gloo1: no python at $PY1"
+  TORCH1_VERSION=$(timeout 120 "$PY1" -c 'import torch, torch.distributed as d; assert d.is_available(); print(torch.__version__)') ||
+    die "--gloo1: $PY1 cannot import torch.distributed"
+fi
 CHORUS_IMPORT=$(timeout 120 "$PY" -c 'import torch_chorus; print("ok")' 2>&1 | tail -n 1) || true
 
 WORK=$(mktemp -d /tmp/compare_torch_backends.XXXXXX)
@@ -71,14 +81,15 @@ free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1",
 # output goes to $WORK/NAME.out, each rank's stderr to $WORK/NAME.K.err. When a rank
 # fails the others are stopped; a failure is noted in $WORK/NAME.out as an error line.
 run_ranks() {
-  local name=$1 world=$2 port rank pid done_pid rc=0 first_rc=0 remaining
+  local name=$1 world=$2 port rank pid done_pid rc=0 first_rc=0 remaining py=$PY
   shift 2
+  [[ $name != *.gloo1.* ]] || py=$PY1
   port=$(free_port)
   local pids=()
   for ((rank = 0; rank < world; rank++)); do
     RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$world LOCAL_WORLD_SIZE=$world \
       MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      timeout -k 10 "$timeout_s" "$PY" "$ROOT/bench/torch_backends.py" "$@" \
+      timeout -k 10 "$timeout_s" "$py" "$ROOT/bench/torch_backends.py" "$@" \
       >"$WORK/$name.$rank.log" 2>"$WORK/$name.$rank.err" &
     pids+=($!)
   done
@@ -117,9 +128,9 @@ quick_arg=()
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 START=$(date +%s)
 for ((round = 1; round <= rounds; round++)); do
-  for backend in gloo chorus; do
+  for backend in gloo chorus ${PY1:+gloo1}; do
     echo "compare_torch_backends: round $round/$rounds: $backend, all_reduce and DDP on 2 ranks" >&2
-    run_ranks "ardp.$backend.$round" 2 --backend "$backend" --tests allreduce,ddp "${quick_arg[@]}"
+    run_ranks "ardp.$backend.$round" 2 --backend "${backend%1}" --tests allreduce,ddp "${quick_arg[@]}"
   done
   for w in $fsdp_worlds; do
     for backend in gloo chorus; do
@@ -131,9 +142,9 @@ done
 ELAPSED=$(($(date +%s) - START))
 
 "$PY" - "$WORK" "$rounds" "$quick" "$fsdp_worlds" "$TORCH_VERSION" "$CHORUS_IMPORT" \
-  "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$ELAPSED" "$CORES" <<'PYEOF'
+  "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$ELAPSED" "$CORES" "$TORCH1_VERSION" <<'PYEOF'
 import glob, os, sys
-work, rounds, quick, fsdp_worlds, torch_version, chorus_import, load_before, load_after, elapsed, cores = sys.argv[1:]
+work, rounds, quick, fsdp_worlds, torch_version, chorus_import, load_before, load_after, elapsed, cores, torch1_version = sys.argv[1:]
 fsdp_worlds = [int(w) for w in fsdp_worlds.split()]
 
 ar = {}        # (backend, size) -> best us
@@ -149,19 +160,19 @@ for path in sorted(glob.glob(os.path.join(work, "*.out"))):
         if not f or f[0].startswith("#"):
             continue
         if f[0] == "allreduce":
-            key = (f[1], int(f[3]))
+            key = (backend, int(f[3]))
             ar[key] = min(ar.get(key, float("inf")), float(f[4]))
             wrong[key] = max(wrong.get(key, 0), int(f[5]))
         elif f[0] in ("ddp", "fsdp"):
-            key = (f[0], f[1], int(f[2]))
+            key = (f[0], backend, int(f[2]))
             steps[key] = max(steps.get(key, 0.0), float(f[3]))
         elif f[0] == "error":
             what = f[3]
             msg = " ".join(f[4:])
             if what.startswith("allreduce:"):
-                errors[("allreduce", f[1], int(what.split(":")[1]))] = msg
+                errors[("allreduce", backend, int(what.split(":")[1]))] = msg
             else:
-                errors[(what, f[1], int(f[2]))] = msg
+                errors[(what, backend, int(f[2]))] = msg
         elif f[0] == "run_failed":
             world = 2 if kind == "ardp" else int(kind[4:])
             run_errors[(kind, backend, world)] = " ".join(f[2:])
@@ -253,4 +264,22 @@ target("DDP step samples/s, 2 ranks", [step_ratio[("ddp", 2)]] if ("ddp", 2) in 
 for w in fsdp_worlds:
     target(f"FSDP2 step samples/s, {w} ranks",
            [step_ratio[("fsdp", w)]] if ("fsdp", w) in step_ratio else [], 1.3, 1)
+if torch1_version:
+    print()
+    print(f"# gloo on torch {torch_version} against gloo on torch {torch1_version}, the same rounds;"
+          f" x = speed on {torch_version} / speed on {torch1_version}")
+    print(f"{'size / step':>22} {'gloo ' + torch1_version:>16} {'gloo ' + torch_version:>22} {'x':>7}")
+    for size in sizes:
+        old, new = ar.get(("gloo1", size)), ar.get(("gloo", size))
+        row = f"{fmt_size(size):>22} " + (f"{old:>13.1f} us" if old else f"{'-':>16}") + " " + \
+              (f"{new:>19.1f} us" if new else f"{'-':>22}")
+        row += f" {old / new:>7.2f}" if old and new else f" {'-':>7}   " + \
+            "; ".join(f"{b}: {short(why_missing('allreduce', b, 2, size))}" for b, v in (("gloo1", old), ("gloo", new)) if not v)
+        print(row)
+    old, new = steps.get(("ddp", "gloo1", 2)), steps.get(("ddp", "gloo", 2))
+    row = f"{'DDP step, 2 ranks':>22} " + (f"{old:>11.1f} smp/s" if old else f"{'-':>16}") + " " + \
+          (f"{new:>17.1f} smp/s" if new else f"{'-':>22}")
+    row += f" {new / old:>7.2f}" if old and new else f" {'-':>7}   " + \
+        "; ".join(f"{b}: {short(why_missing('ddp', b, 2))}" for b, v in (("gloo1", old), ("gloo", new)) if not v)
+    print(row)
 PYEOF
