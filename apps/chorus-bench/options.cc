@@ -29,11 +29,6 @@ const std::map<std::string, CollectiveInfo> kCollectives = {
 
 namespace {
 
-const std::map<std::string, Algorithm> kAlgorithms = {
-    {"auto", Algorithm::kAuto}, {"ring", Algorithm::kRing},
-    {"rd", Algorithm::kRecursiveDoubling}, {"hd", Algorithm::kHalvingDoubling},
-    {"shm", Algorithm::kShmDirect}, {"hier", Algorithm::kHierarchical}};
-
 // A CLI11 check that accepts what `parse` accepts (chorus::parse_dtype/parse_op).
 template <class Parse>
 CLI::Validator parsed_by(const char* what, Parse parse) {
@@ -69,8 +64,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1 << 30));
   app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations")->check(CLI::Range(0, 1 << 30));
   app.add_option("-c,--check", check, "verify results (0/1)")->check(CLI::Range(0, 1));
-  app.add_option("-a,--algo", algo, "auto, ring, rd, hd, shm, hier (default: CHORUS_ALGO)")
-      ->check(CLI::IsMember(kAlgorithms));
+  app.add_option("-a,--algo", algo, "auto, ring, rd, hd, shm, hier, tree (default: CHORUS_ALGO)")
+      ->check(parsed_by("algorithm", [](const std::string& t) { return chorus::parse_algorithm(t); }));
   app.add_option("--np", o.np, "start N local ranks on 127.0.0.1")->check(CLI::Range(1, 1024));
   app.add_option("--nodes", o.nodes,
                  "with --np: split the ranks into K simulated nodes of consecutive ranks "
@@ -115,7 +110,7 @@ Options parse_options(int argc, char** argv) {
   o.dtype = *chorus::parse_dtype(dtype);
   o.check = check == 1;
   o.cpu_bind = *run::parse_cpu_bind(cpu_bind);
-  if (!algo.empty()) o.algorithm = kAlgorithms.at(algo);
+  if (!algo.empty()) o.algorithm = *chorus::parse_algorithm(algo);
   o.mode = mode == "out" ? Mode::kOut : mode == "in" ? Mode::kIn : Mode::kBoth;
   o.shared_buffers = buffers == "shared";
   if (o.mode == Mode::kIn && !kCollectives.at(o.collective).in_place)

@@ -87,6 +87,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -109,8 +110,15 @@ enum class Algorithm : uint8_t {
   kHalvingDoubling,     // reduce-scatter + allgather by recursive halving/doubling
   kShmDirect,           // ranks of one node through shared memory, each reducing a slice
   kHierarchical,        // intra-node reduce-scatter, inter-node allreduce, intra-node allgather
+  kBinomialTree,        // broadcast and reduce along a binomial tree (latency-optimal)
 };
+// The algorithm's name as CHORUS_ALGO spells it ("auto", "ring", "rd", "hd", "shm",
+// "hier", "tree"); "?" for a value the enum does not name.
 const char* algorithm_name(Algorithm algorithm);
+// The algorithm a CHORUS_ALGO name (or its long form: "recursive_doubling",
+// "halving_doubling", "direct", "hierarchical", "binomial_tree") names; nullopt for any
+// other string.
+std::optional<Algorithm> parse_algorithm(std::string_view name);
 
 // How ranks of one node talk (CommOptions::transport, CHORUS_TRANSPORT).
 enum class TransportKind : uint8_t {

@@ -54,7 +54,7 @@ void finish_average(const Context& ctx, void* buf, size_t count);
 // its segment; ranks are g's local ranks. `avg` divides by ctx.size (the whole
 // communicator's), so that a hierarchical algorithm can leave it to its last step.
 // Blocks of the *_blocks variants are block_begin/block_count(total, local size, r).
-// A small allreduce run at issue (the communicator's inline path, inline_ops.cc):
+// A small allreduce run at issue (the communicator's inline path, communicator/plan.cc):
 // shm_allreduce_small() says whether `bytes` is one chunk reduced whole on this node;
 // _start() copies in, arrives, and finishes when every rank has arrived within `polls`
 // polls (true); otherwise it returns false with the buffer it used in `b`, and _finish()
@@ -96,6 +96,17 @@ int32_t shm_alltoallv(const Context& ctx, transport::shm::NodeGroup& g, const vo
                       const std::vector<size_t>& recv_displs, const CountsVerdict& verdict);
 void shm_barrier(const Context& ctx, transport::shm::NodeGroup& g);
 
+// ---- alltoallv with its counts agreed first (alltoallv_agreed.cc): every rank learns
+// what each peer will send it and checks it against recv_counts, and the ranks agree on
+// the verdict, so that a mismatch throws InvalidArgumentError on every rank before any
+// data moves, naming the first disagreement this rank saw. Through `g` (shm_alltoallv,
+// which needs g->cma()) when it is not null, pairwise over the transport otherwise.
+// `in` may be `out`.
+void alltoallv_agreed(const Context& ctx, transport::shm::NodeGroup* g, const void* in,
+                      const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
+                      void* out, const std::vector<size_t>& recv_counts,
+                      const std::vector<size_t>& recv_displs);
+
 // ---- the direct path (shm/shared_buffers.cc): every local rank passed node-shared
 // buffers (include/chorus/shared_memory.h), `in` and `out` say where this rank's lie.
 // The communicator is one node (g's ranks are its ranks). Broadcast ignores `in` on
@@ -111,18 +122,13 @@ bool shared_allreduce_start(const Context& ctx, transport::shm::NodeGroup& g,
                             const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
                             size_t count, bool avg, int polls);
 void shared_allreduce_finish(const Context& ctx, transport::shm::NodeGroup& g, size_t count, bool avg);
-// The largest allreduce on node-shared buffers that the communicator runs whole at
-// issue (_start()). Larger ones stay queued, so that a caller that issues them and goes
-// on computing (DDP's buckets during backward) overlaps them with its work; up to here
-// an allreduce takes a few microseconds (64 KiB, 2 ranks: 2.3), which the queue's
-// bookkeeping and the hand-over to the caller's wait() lengthened by a tenth.
-inline constexpr size_t kSharedAllreduceAtIssueBytes = 256 * 1024;
+// The communicator runs it whole at issue up to Tuning::shared_allreduce_at_issue_bytes.
 // Whether a larger one is entered at issue: where the node has no core to spare, its
 // ranks enter it when they issue it (_arrive(), then _finish() later from the queue), and
 // its pieces are shared work, so that the first rank to wait does every piece while its
 // peers still compute (DDP's first bucket, reduced by the rank whose backward pass ended
 // first). Every rank of the node decides alike.
-bool shared_allreduce_arrives_at_issue(const transport::shm::NodeGroup& g, size_t bytes);
+bool shared_allreduce_arrives_at_issue(const Tuning& t, const transport::shm::NodeGroup& g, size_t bytes);
 void shared_allreduce_arrive(transport::shm::NodeGroup& g, const transport::shm::SharedRef& in,
                              const transport::shm::SharedRef& out, size_t count);
 void shared_reduce_scatter(const Context& ctx, transport::shm::NodeGroup& g,

@@ -140,7 +140,7 @@ struct Tuning {
   // (0.93 / 0.95 of the link). Performance.md, "The pipelined hierarchical allreduce".
   size_t hier_max_chunks = 4096;
 
-  // ---- flat broadcast and reduce over tcp (communicator/selection.cc)
+  // ---- flat broadcast and reduce over tcp (communicator/plan.cc)
 
   // Measured cut-off the choice uses where no cost formula is written (chorus-bench, 2-8
   // ranks over loopback): broadcast and reduce over tcp take the binomial tree up to
@@ -158,6 +158,46 @@ struct Tuning {
   // The automatic choice before and after, 6 rounds: 256 KiB 158 -> 100 us, 512 KiB
   // 208 -> 127 us (Open MPI, MPI_IN_PLACE over btl tcp: 225 and 264 us).
   size_t pair_rd_max_bytes = 512 * 1024;
+
+  // ---- the plan: what a call runs at issue (communicator/plan.cc)
+
+  // The largest allreduce the inline path runs through the segment on the calling
+  // thread, when the progress engine is idle (one chunk reduced whole: 8-byte
+  // allreduces, 2 ranks, 7 alternating runs: median 0.68 -> 0.52 us a call against
+  // queueing it).
+  size_t inline_bytes = 4096;
+  // Polls of the peers' arrivals (a pause of some 20 ns each here) before the rest of an
+  // operation begun at issue is left to the queue: issuing never blocks longer.
+  size_t inline_polls = 128;
+  // The largest allreduce on node-shared buffers run whole at issue. Larger ones stay
+  // queued, so that a caller that issues them and goes on computing (DDP's buckets
+  // during backward) overlaps them with its work; up to here an allreduce takes a few
+  // microseconds (64 KiB, 2 ranks: 2.3), which the queue's bookkeeping and the
+  // hand-over to the caller's wait() lengthened by a tenth. Where the node has no core
+  // to spare, larger ones are entered at issue and their pieces left to the queue
+  // (algorithms.h: shared_allreduce_arrives_at_issue()).
+  size_t shared_allreduce_at_issue_bytes = 256 * 1024;
+
+  // ---- waiting (communicator/progress_engine.h, transport/shm/layout.h)
+
+  // How long the progress thread leaves a newly issued operation to a caller that may
+  // be about to wait for it and run it itself, yielding meanwhile: woken by the call,
+  // the thread often ran before the caller got there (on one of 2 ranks in a loop of
+  // waited 64 KiB allreduces it ran 49,960 of 50,000, with a sleep and a wake-up each).
+  size_t claim_grace_us = 50;
+  // The same where every core of the node is taken by its ranks (asleep, not
+  // yielding): chorus-mnist's first bucket is issued some 2 ms before its backward pass
+  // ends and the rank waits for it.
+  size_t no_spare_core_claim_grace_us = 5000;
+  // A shared-memory waiter with a core of its own spins this many pauses (yielding
+  // every 64) before it sleeps on the futex.
+  size_t shm_spins = 20000;
+  // With more local ranks than cores a waiter yields instead, this many times, before
+  // it sleeps; while the ranks it waits for were last seen on other cores it first
+  // spins shm_oversubscribed_spins pauses (about 19 ns each here) before each yield:
+  // 4 ranks on 2 cores, allreduce 64 B-4 KiB: 12.5-14.0 -> 8.8-10.7 us.
+  size_t shm_oversubscribed_yields = 64;
+  size_t shm_oversubscribed_spins = 250;
 
   // The smallest chunk a shared-memory allreduce may take (shared_chunk_bytes,
   // pair_chunk_bytes): it must hold an element of every type, and a cache line.

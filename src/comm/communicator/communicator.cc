@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 
 #include "chorus/error.h"
 #include "comm/common/allowlist.h"
@@ -22,6 +23,9 @@ namespace chorus {
 namespace internal {
 namespace {
 
+// A count of the tuning table as an int (CHORUS_COST_MODEL takes any size_t).
+int saturated_int(size_t v) { return static_cast<int>(std::min<size_t>(v, INT_MAX)); }
+
 std::string choose_listen_address(const CommOptions& options, Store* store) {
   if (!options.listen_address.empty()) return options.listen_address;
   std::string host = store->server_host();
@@ -31,12 +35,6 @@ std::string choose_listen_address(const CommOptions& options, Store* store) {
   }
   return "127.0.0.1";
 }
-
-// How long the progress thread leaves an operation to its callers when every core of
-// the node is taken by its ranks (ProgressEngineBase::set_no_spare_core()): an operation
-// nobody waits for starts this much later. chorus-mnist's first bucket is issued some
-// 2 ms before its backward pass ends and the rank waits for it.
-constexpr auto kNoSpareCoreClaimGrace = std::chrono::milliseconds(5);
 
 }  // namespace
 
@@ -59,6 +57,7 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
     tcp.allowlist = std::make_shared<const net::AllowList>(
         net::AllowList::load(options_.allowlist_file, options_.allowlist_source));
   }
+  cost_ = parse_cost_params(options_.cost_model);
   transport_ = transport::tcp::connect_mesh(scoped, rank_, size_, tcp);
   for (int r = 0; r < size_; ++r) hosts_.push_back(transport_->host_of(r));
   topology_ = discover_topology(scoped, rank_, size_, local_node_id(options_.node_id));
@@ -70,11 +69,14 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   shape_.hierarchical = hierarchical_possible();
   if (shm_) shape_.shm_chunk = shm_->buffer_bytes();
   shape_.segment_bytes = options_.segment_bytes;
-  cost_ = parse_cost_params(options_.cost_model);
   finish_creation(*ledger);
   // Every rank on this node and no core left over for the progress threads (the ranks'
   // own threads, one computing each, take them all).
-  if (all_in_shared_memory() && shm_->no_spare_core()) engine_.set_no_spare_core(kNoSpareCoreClaimGrace);
+  const algorithms::Tuning& t = cost_.tuning;
+  engine_.set_claim_grace(std::chrono::microseconds(t.claim_grace_us));
+  if (all_in_shared_memory() && shm_->no_spare_core()) {
+    engine_.set_no_spare_core(std::chrono::microseconds(t.no_spare_core_claim_grace_us));
+  }
   engine_.start();
   // CHORUS_DEBUG=INFO (or CHORUS_LOG_LEVEL=info): how this communicator was set up.
   CHORUS_LOG(kInfo, "communicator set up on " << where() << ": "
@@ -121,6 +123,9 @@ void CommunicatorImpl::connect_shared_memory(Store& scoped) {
   config.node = topology_.node;
   config.try_cma = options_.shm_cma != CommOptions::CrossMemoryAttach::kOff;
   config.cma_any_size = options_.shm_cma == CommOptions::CrossMemoryAttach::kAnyNode;
+  config.spins = saturated_int(cost_.tuning.shm_spins);
+  config.oversubscribed_yields = saturated_int(cost_.tuning.shm_oversubscribed_yields);
+  config.oversubscribed_spins = saturated_int(cost_.tuning.shm_oversubscribed_spins);
   std::string why_not;
   shm_ = transport::shm::ShmGroup::connect(scoped, config, why_not);
   if (shm_) {

@@ -15,6 +15,7 @@
 #include "comm/algorithms/context.h"
 #include "comm/communicator/cost_model.h"
 #include "comm/communicator/flight_recorder.h"
+#include "comm/communicator/plan.h"
 #include "comm/communicator/progress_engine.h"
 #include "comm/communicator/work_state.h"
 #include "comm/transport/shm/shm_group.h"
@@ -23,10 +24,6 @@
 namespace chorus::internal {
 
 class KeyLedger;
-
-// How an operation is run on the progress thread: it gets a context whose dtype and
-// reduction are already set.
-using OpBody = std::function<void(const algorithms::Context&)>;
 
 struct OpSpec {
   Collective what = Collective::kBarrier;  // send/recv: per-stream sequence numbers
@@ -126,12 +123,21 @@ class CommunicatorImpl final : public Communicator,
   // (that, and no more ranks than cores).
   bool inline_allowed() const;
   bool inline_possible() const;
-  // Small allreduces' inline path (inline_ops.cc); nullopt where it does not apply.
-  std::optional<Work> allreduce_inline(const void* send, void* recv, size_t count, const OpSpec& spec);
-  // The same for small allreduces on node-shared buffers (the direct path).
-  std::optional<Work> shared_allreduce_inline(const transport::shm::SharedRef& in,
-                                              const transport::shm::SharedRef& out, size_t count,
-                                              const OpSpec& spec);
+  // The plan of `call` (plan.cc): the direct path (filling call.in_ref, out_ref) or the
+  // algorithm, and whether it starts at issue.
+  Plan plan_for(Call& call) const;
+  // Validated, planned: issues the call as `spec` (at issue where the plan says so and
+  // the engine is idle, queued otherwise).
+  Work issue(const OpSpec& spec, Call call);
+  // Whether `plan`'s row may start `call` at issue (the tuning table's cut-offs).
+  bool starts_at_issue(const Plan& plan, const Call& call) const;
+  // Whether this communicator's shape can run `a` for `c` (hierarchical: several
+  // uniform nodes; shm: one node in shared memory, reading the peers' buffers where
+  // the algorithm does).
+  bool runnable(Collective c, Algorithm a) const;
+  // The automatic allreduce: the cheapest row by the model (only those over tcp with
+  // `tcp_only`), remembered per size.
+  Algorithm cheapest_allreduce(size_t bytes, bool tcp_only) const;
   // What every run of an operation starts from: its OpInfo (deadline from `started`),
   // and the context its body runs in.
   transport::OpInfo op_info(const OpSpec& spec, uint64_t seq, std::chrono::steady_clock::time_point started) const;
@@ -179,13 +185,12 @@ class CommunicatorImpl final : public Communicator,
   // Every rank on this node, which shares memory.
   bool all_in_shared_memory() const { return shm_ != nullptr && topology_.nodes == 1; }
   bool direct_path_possible() const override;
-  // Whether collective `op` on `in` (in_bytes) and `out` (out_bytes) takes the direct
-  // path (include/chorus/shared_memory.h): this communicator is one node in shared
-  // memory, the direct path is on (CommOptions::shm_direct), no tcp algorithm is forced,
-  // the cost model predicts it no slower than the segment path, and both spans lie in
-  // node-shared buffers of this process, which `in_ref` and `out_ref` then say. A null `in` (broadcast off the root) needs no buffer.
-  bool direct_path(Collective op, const void* in, size_t in_bytes, const void* out, size_t out_bytes,
-                   transport::shm::SharedRef& in_ref, transport::shm::SharedRef& out_ref) const;
+  // Whether `call` takes the direct path (include/chorus/shared_memory.h): this
+  // communicator is one node in shared memory, the direct path is on
+  // (CommOptions::shm_direct), no tcp algorithm is forced, the cost model predicts it no
+  // slower than the segment path, and both spans lie in node-shared buffers of this
+  // process, which call.in_ref and call.out_ref then say (no input off a broadcast's root).
+  bool direct_path(Call& call) const;
   void connect_shared_memory(Store& scoped);
   // The end of creation: a barrier, then this rank's rendezvous keys are deleted.
   void finish_creation(KeyLedger& ledger);
@@ -203,7 +208,7 @@ class CommunicatorImpl final : public Communicator,
   Topology topology_;
   Shape shape_;       // for the cost model
   CostParams cost_;   // CHORUS_COST_MODEL
-  // algorithm_for()'s automatic allreduce choices, by size: (bytes << 8) | (algorithm +
+  // cheapest_allreduce()'s choices, by size: (bytes << 8) | (algorithm +
   // 1) in a slot chosen by hashing bytes, 0 when empty. Any thread may fill a slot.
   static constexpr size_t kChoiceMemo = 16;  // the hash takes the top 4 bits
   mutable std::atomic<uint64_t> allreduce_choice_[kChoiceMemo] = {};

@@ -101,14 +101,19 @@ double hier_allreduce(double n, const Shape& s, const CostParams& p) {
   return intra + best_tcp_allreduce(s.nodes, n / s.local_size, s, p);
 }
 
-// ---- broadcast: binomial tree or pipelined chain over tcp
-double tcp_broadcast(int ranks, double n, const Shape& s, const CostParams& p) {
+// ---- broadcast over tcp: binomial tree, or pipelined chain
+double tree_broadcast(int ranks, double n, const CostParams& p) {
+  return ranks < 2 ? 0 : std::ceil(std::log2(ranks)) * tcp(p).time(n);
+}
+
+double chain_broadcast(int ranks, double n, const Shape& s, const CostParams& p) {
   if (ranks < 2) return 0;
-  Link l = tcp(p);
-  double tree = std::ceil(std::log2(ranks)) * l.time(n);
   double segments = std::max(1.0, std::ceil(n / static_cast<double>(s.segment_bytes)));
-  double chain = (ranks - 1 + segments - 1) * l.time(n / segments);
-  return std::min(tree, chain);
+  return (ranks - 1 + segments - 1) * tcp(p).time(n / segments);
+}
+
+double tcp_broadcast(int ranks, double n, const Shape& s, const CostParams& p) {
+  return std::min(tree_broadcast(ranks, n, p), chain_broadcast(ranks, n, s, p));
 }
 
 double shm_broadcast(double n, const Shape& s, const CostParams& p) {
@@ -156,6 +161,14 @@ constexpr TuningKey kTuningKeys[] = {
     {"hier_max_chunks", &algorithms::Tuning::hier_max_chunks, 1},
     {"tree_limit_bytes", &algorithms::Tuning::tree_limit_bytes, 0},
     {"pair_rd_max_bytes", &algorithms::Tuning::pair_rd_max_bytes, 0},
+    {"inline_bytes", &algorithms::Tuning::inline_bytes, 0},
+    {"inline_polls", &algorithms::Tuning::inline_polls, 0},
+    {"shared_allreduce_at_issue_bytes", &algorithms::Tuning::shared_allreduce_at_issue_bytes, 0},
+    {"claim_grace_us", &algorithms::Tuning::claim_grace_us, 0},
+    {"no_spare_core_claim_grace_us", &algorithms::Tuning::no_spare_core_claim_grace_us, 0},
+    {"shm_spins", &algorithms::Tuning::shm_spins, 0},
+    {"shm_oversubscribed_yields", &algorithms::Tuning::shm_oversubscribed_yields, 0},
+    {"shm_oversubscribed_spins", &algorithms::Tuning::shm_oversubscribed_spins, 0},
 };
 
 static_assert(std::size(kTuningKeys) * sizeof(size_t) == sizeof(algorithms::Tuning),
@@ -168,17 +181,25 @@ const TuningKey* tuning_key(const std::string& name) {
   return nullptr;
 }
 
-// `value` of `item` as a whole number of bytes, at least `min`.
-size_t parse_bytes(const std::string& item, const std::string& value, size_t min) {
+// The unit of a tuning key, from its name's ending: bytes, microseconds or a count.
+std::string unit_of(const std::string& key) {
+  if (key.ends_with("_bytes")) return " bytes";
+  if (key.ends_with("_us")) return " microseconds";
+  return "";
+}
+
+// `value` of `item` as a whole number (of the key's unit), at least `min`.
+size_t parse_whole(const std::string& item, const std::string& key, const std::string& value, size_t min) {
   errno = 0;
   const unsigned long long v = std::strtoull(value.c_str(), nullptr, 10);
   if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos ||
       errno == ERANGE || v > std::numeric_limits<size_t>::max()) {
-    throw ConfigError("CHORUS_COST_MODEL: '" + item + "' needs a whole number of bytes after '='");
+    throw ConfigError("CHORUS_COST_MODEL: '" + item + "' needs a whole number" +
+                      (unit_of(key).empty() ? "" : " of" + unit_of(key)) + " after '='");
   }
   if (v < min) {
     throw ConfigError("CHORUS_COST_MODEL: '" + item + "' is below the least value, " +
-                      std::to_string(min) + " bytes");
+                      std::to_string(min) + unit_of(key));
   }
   return static_cast<size_t>(v);
 }
@@ -195,7 +216,7 @@ CostParams parse_cost_params(const std::string& text) {
     std::string key = item.substr(0, eq);
     std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
     if (const TuningKey* k = tuning_key(key)) {
-      p.tuning.*k->field = parse_bytes(item, value, k->min);
+      p.tuning.*k->field = parse_whole(item, key, value, k->min);
       continue;
     }
     char* end = nullptr;
@@ -242,70 +263,47 @@ double predicted_shared_us(Collective c, size_t bytes, const Shape& s, const Cos
   }
 }
 
-double predicted_us(Collective c, Algorithm a, size_t bytes, const Shape& s,
-                    const CostParams& p) {
-  const double n = static_cast<double>(bytes);
-  const double never = std::numeric_limits<double>::infinity();
-  const bool one_node_shm = s.shm && s.nodes == 1;
-  if (c == Collective::kAllreduce) {
-    switch (a) {
-      case Algorithm::kRecursiveDoubling: return rd_allreduce(s.size, n, p);
-      case Algorithm::kHalvingDoubling: return hd_allreduce(s.size, n, p);
-      case Algorithm::kRing: return ring_allreduce(s.size, n, s, p);
-      case Algorithm::kShmDirect: return one_node_shm ? shm_allreduce(s.size, n, s, p) : never;
-      case Algorithm::kHierarchical: return s.hierarchical ? hier_allreduce(n, s, p) : never;
-      default: return never;
-    }
-  }
-  if (c == Collective::kReduceScatter) {  // n: the whole input
-    return a == Algorithm::kShmDirect && one_node_shm ? shm_reduce_scatter(n, s, p) : never;
-  }
-  if (c == Collective::kBroadcast) {
-    switch (a) {
-      case Algorithm::kShmDirect: return one_node_shm ? shm_broadcast(n, s, p) : never;
-      case Algorithm::kHierarchical:
-        return s.hierarchical ? tcp_broadcast(s.nodes, n, s, p) +
-                                    (s.shm ? shm_broadcast(n, s, p) : tcp_broadcast(s.local_size, n, s, p))
-                              : never;
-      case Algorithm::kAuto: return tcp_broadcast(s.size, n, s, p);
-      default: return never;
-    }
-  }
-  if (c == Collective::kAllgather) {
-    switch (a) {
-      case Algorithm::kShmDirect: return one_node_shm ? shm_allgather(n, s, p) : never;
-      case Algorithm::kHierarchical:
-        return s.hierarchical ? (s.shm ? shm_allgather(n / s.nodes, s, p)
-                                       : tcp_allgather(s.local_size, n / s.nodes, p)) +
-                                    tcp_allgather(s.nodes, n, p)
-                              : never;
-      case Algorithm::kRing: return tcp_allgather(s.size, n, p);
-      default: return never;
-    }
-  }
-  return never;
+namespace cost {
+
+namespace {
+constexpr double kNever = std::numeric_limits<double>::infinity();
+bool one_node_shm(const Shape& s) { return s.shm && s.nodes == 1; }
+}  // namespace
+
+double allreduce_rd(double n, const Shape& s, const CostParams& p) { return rd_allreduce(s.size, n, p); }
+double allreduce_hd(double n, const Shape& s, const CostParams& p) { return hd_allreduce(s.size, n, p); }
+double allreduce_ring(double n, const Shape& s, const CostParams& p) { return ring_allreduce(s.size, n, s, p); }
+double allreduce_shm(double n, const Shape& s, const CostParams& p) {
+  return one_node_shm(s) ? shm_allreduce(s.size, n, s, p) : kNever;
+}
+double allreduce_hier(double n, const Shape& s, const CostParams& p) {
+  return s.hierarchical ? hier_allreduce(n, s, p) : kNever;
 }
 
-Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, const CostParams& p,
-                   std::span<const Algorithm> candidates) {
-  Algorithm best = candidates.front();
-  double best_us = std::numeric_limits<double>::infinity();
-  for (Algorithm a : candidates) {
-    double us = predicted_us(collective, a, bytes, shape, p);
-    if (us < best_us) {
-      best_us = us;
-      best = a;
-    }
-  }
-  // Measured cut-off (Tuning::pair_rd_max_bytes): between two ranks the second exchange
-  // of halving-doubling costs more than the formulas' alpha up to it.
-  const bool rd_allowed = std::find(candidates.begin(), candidates.end(),
-                                    Algorithm::kRecursiveDoubling) != candidates.end();
-  if (collective == Collective::kAllreduce && shape.size == 2 && rd_allowed &&
-      best == Algorithm::kHalvingDoubling && bytes <= p.tuning.pair_rd_max_bytes) {
-    return Algorithm::kRecursiveDoubling;
-  }
-  return best;
+double reduce_scatter_shm(double n, const Shape& s, const CostParams& p) {
+  return one_node_shm(s) ? shm_reduce_scatter(n, s, p) : kNever;
 }
+
+double broadcast_tree(double n, const Shape& s, const CostParams& p) { return tree_broadcast(s.size, n, p); }
+double broadcast_chain(double n, const Shape& s, const CostParams& p) { return chain_broadcast(s.size, n, s, p); }
+double broadcast_shm(double n, const Shape& s, const CostParams& p) {
+  return one_node_shm(s) ? shm_broadcast(n, s, p) : kNever;
+}
+double broadcast_hier(double n, const Shape& s, const CostParams& p) {
+  if (!s.hierarchical) return kNever;
+  return tcp_broadcast(s.nodes, n, s, p) + (s.shm ? shm_broadcast(n, s, p) : tcp_broadcast(s.local_size, n, s, p));
+}
+
+double allgather_ring(double n, const Shape& s, const CostParams& p) { return tcp_allgather(s.size, n, p); }
+double allgather_shm(double n, const Shape& s, const CostParams& p) {
+  return one_node_shm(s) ? shm_allgather(n, s, p) : kNever;
+}
+double allgather_hier(double n, const Shape& s, const CostParams& p) {
+  if (!s.hierarchical) return kNever;
+  return (s.shm ? shm_allgather(n / s.nodes, s, p) : tcp_allgather(s.local_size, n / s.nodes, p)) +
+         tcp_allgather(s.nodes, n, p);
+}
+
+}  // namespace cost
 
 }  // namespace chorus::internal

@@ -45,9 +45,10 @@ struct Shape {
   size_t segment_bytes = kDefaultSegmentBytes;  // pipelining unit of the tcp rings and chains
 };
 
-// Predicted microseconds of `collective` (allreduce, broadcast, allgather; reduce_scatter
-// in shared memory only) on `bytes` (for allgather: the whole result; reduce_scatter:
-// the whole input) with `algorithm`.
+// Predicted microseconds of `collective` on `bytes` (for allgather: the whole result;
+// reduce_scatter: the whole input) with `algorithm`: the formula of its row in the
+// algorithm table (algorithm_table.h); infinity where the row has none or the shape
+// cannot run it. Defined with the table (algorithm_table.cc).
 double predicted_us(Collective collective, Algorithm algorithm, size_t bytes, const Shape& shape,
                     const CostParams& p);
 
@@ -57,8 +58,30 @@ double predicted_us(Collective collective, Algorithm algorithm, size_t bytes, co
 double predicted_shared_us(Collective collective, size_t bytes, const Shape& shape,
                            const CostParams& p);
 
-// The candidate with the lowest predicted time.
+// The candidate with the lowest predicted time, and the measured cut-off of two ranks
+// (Tuning::pair_rd_max_bytes). Defined with the table (algorithm_table.cc).
 Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, const CostParams& p,
                    std::span<const Algorithm> candidates);
+
+// The formulas the algorithm table names, one per collective and algorithm: predicted
+// microseconds on `n` bytes (as predicted_us() counts them) for the shape, infinity
+// where the shape cannot run the algorithm (shared memory off one node, hierarchical
+// off a uniform shape of several nodes with several ranks each).
+namespace cost {
+using Formula = double (*)(double n, const Shape& s, const CostParams& p);
+double allreduce_rd(double n, const Shape& s, const CostParams& p);
+double allreduce_hd(double n, const Shape& s, const CostParams& p);
+double allreduce_ring(double n, const Shape& s, const CostParams& p);
+double allreduce_shm(double n, const Shape& s, const CostParams& p);
+double allreduce_hier(double n, const Shape& s, const CostParams& p);
+double reduce_scatter_shm(double n, const Shape& s, const CostParams& p);
+double broadcast_tree(double n, const Shape& s, const CostParams& p);
+double broadcast_chain(double n, const Shape& s, const CostParams& p);
+double broadcast_shm(double n, const Shape& s, const CostParams& p);
+double broadcast_hier(double n, const Shape& s, const CostParams& p);
+double allgather_ring(double n, const Shape& s, const CostParams& p);
+double allgather_shm(double n, const Shape& s, const CostParams& p);
+double allgather_hier(double n, const Shape& s, const CostParams& p);
+}  // namespace cost
 
 }  // namespace chorus::internal

@@ -7,27 +7,16 @@
 
 namespace chorus {
 
-const char* algorithm_name(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kRecursiveDoubling: return "rd";
-    case Algorithm::kHalvingDoubling: return "hd";
-    case Algorithm::kShmDirect: return "shm";
-    case Algorithm::kHierarchical: return "hier";
-  }
-  return "?";
-}
-
 namespace {
-Algorithm parse_algorithm(const std::string& name) {
-  if (name == "auto") return Algorithm::kAuto;
-  if (name == "ring") return Algorithm::kRing;
-  if (name == "rd" || name == "recursive_doubling") return Algorithm::kRecursiveDoubling;
-  if (name == "hd" || name == "halving_doubling") return Algorithm::kHalvingDoubling;
-  if (name == "shm" || name == "direct") return Algorithm::kShmDirect;
-  if (name == "hier" || name == "hierarchical") return Algorithm::kHierarchical;
-  throw ConfigError("CHORUS_ALGO='" + name + "' is not one of auto, ring, rd, hd, shm, hier");
+// CHORUS_ALGO's value; ConfigError naming the names the table knows.
+Algorithm algorithm_from_env(const std::string& name) {
+  if (std::optional<Algorithm> a = parse_algorithm(name)) return *a;
+  std::string names;
+  for (int v = 0; v < 256; ++v) {
+    const char* n = algorithm_name(static_cast<Algorithm>(v));
+    if (std::string(n) != "?") names += std::string(names.empty() ? "" : ", ") + n;
+  }
+  throw ConfigError("CHORUS_ALGO='" + name + "' is not one of " + names);
 }
 
 TransportKind parse_transport(const std::string& name) {
@@ -45,7 +34,7 @@ CommOptions CommOptions::from_env() {
   parse_reduce_isa(settings::reduce_isa());
   o.timeout = settings::op_timeout();
   o.connect_timeout = settings::connect_timeout();
-  o.algorithm = parse_algorithm(settings::algorithm());
+  o.algorithm = algorithm_from_env(settings::algorithm());
   o.transport = parse_transport(settings::transport());
   o.shm_direct = settings::shm_direct();
   o.shm_inline = settings::shm_inline();

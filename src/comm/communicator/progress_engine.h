@@ -58,6 +58,9 @@ class ProgressEngineBase {
   // chorus-mnist, 2 ranks on 2 cores: the progress threads woke some 4 times a step each
   // and spun in waits for the other rank's progress thread mid-backward, preempting the
   // computation 5 times a step (1.3 in plain libtorch); docs/performance.md has the rest.
+  // How long the thread leaves a newly issued operation to its caller otherwise
+  // (Tuning::claim_grace_us). Before start() only.
+  void set_claim_grace(std::chrono::microseconds claim_grace) { claim_grace_ = claim_grace; }
   void set_no_spare_core(std::chrono::microseconds claim_grace) {
     no_spare_core_ = true;
     busy_claim_grace_ = claim_grace;
@@ -72,10 +75,6 @@ class ProgressEngineBase {
 
  protected:
   using Clock = std::chrono::steady_clock;
-  // How long the progress thread leaves a newly issued operation to a caller that may
-  // be about to wait for it (and run it itself, help()), yielding meanwhile: woken by
-  // the call, the thread often ran before the caller got there (see loop()).
-  static constexpr auto kClaimGrace = std::chrono::microseconds(50);
 
   ProgressEngineBase() = default;
   ~ProgressEngineBase() = default;
@@ -102,6 +101,11 @@ class ProgressEngineBase {
   // set_no_spare_core(); written before start() only.
   bool no_spare_core_ = false;
   std::chrono::microseconds busy_claim_grace_{0};
+  // How long the progress thread leaves a newly issued operation to a caller that may
+  // be about to wait for it (and run it itself, help()), yielding meanwhile: woken by
+  // the call, the thread often ran before the caller got there (see loop()).
+  // set_claim_grace(); written before start() only.
+  std::chrono::microseconds claim_grace_{50};
 };
 
 template <class Op>
@@ -300,14 +304,14 @@ void ProgressEngine<Op>::loop() {
       if (pending) queued_at = queue_.front().queued_at;
     }
     if (pending) last_active = Clock::now();
-    // An operation issued a moment ago is left to its caller for kClaimGrace: one that
+    // An operation issued a moment ago is left to its caller for claim_grace_: one that
     // waits for it runs it itself. Woken by the call, this thread was often scheduled
     // first, on the caller's core or a peer's; it ran the operation while the caller
     // slept until it completed, and with that streak broken enqueue() woke it for the
     // next one too: on one of 2 ranks in a loop of waited 64 KiB allreduces it ran
     // 49,960 of 50,000, with a sleep and a wake-up each. Yielding gives a caller it
     // preempted its core back; an operation nobody waits for starts 50 us later.
-    const std::chrono::microseconds grace = no_spare_core_ ? busy_claim_grace_ : kClaimGrace;
+    const std::chrono::microseconds grace = no_spare_core_ ? busy_claim_grace_ : claim_grace_;
     if (pending && !stopping && !aborted_.load() && last_active - queued_at < grace) {
       // Without a spare core, asleep through the grace: an enqueue() does not wake us
       // (we are not sleeping, as it sees it), an abort or stop() does.

@@ -90,7 +90,7 @@ TEST(CostModel, SetsTheThresholdsOfTheTuningTableByName) {
   CommOptions options;
   EXPECT_EQ(Communicator::create(std::make_shared<InMemoryStore>(), 0, 1, options)
                 ->algorithm_for("broadcast", 8),
-            Algorithm::kRecursiveDoubling);  // binomial tree
+            Algorithm::kBinomialTree);
   options.cost_model = "tree_limit_bytes=0";
   EXPECT_EQ(Communicator::create(std::make_shared<InMemoryStore>(), 0, 1, options)
                 ->algorithm_for("broadcast", 8),

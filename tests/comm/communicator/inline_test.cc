@@ -1,4 +1,4 @@
-// The inline path (src/comm/communicator/inline_ops.cc): small allreduces on one node in
+// The inline path (src/comm/communicator/issue.cc, decided in plan.cc): small allreduces on one node in
 // shared memory that run on the issuing thread when the engine is idle, wait for their
 // peers a bounded number of polls, and leave the rest to the queue otherwise.
 // - Every way of issuing gives the rank-order fold, bit for bit: in the arrivals' lines

@@ -136,7 +136,7 @@ void run_pieces(NodeGroup& g, uint64_t pieces, bool shared, Body&& body) {
 void shared_allreduce_pieces(const Context& ctx, NodeGroup& g, size_t count, bool avg) {
   const int p = g.local_size();
   const size_t e = ctx.elem, piece = piece_elems(ctx, g, count * e);
-  const bool shared = g.oversubscribed() || shared_allreduce_arrives_at_issue(g, count * e);
+  const bool shared = g.oversubscribed() || shared_allreduce_arrives_at_issue(ctx.tuning, g, count * e);
   Peers peers(g, std::vector<bool>(p, true));
   uint8_t* tmp = p > 2 ? ctx.scratch.get(piece * e, 0) : nullptr;
   run_pieces(g, (count + piece - 1) / piece, shared, [&](uint64_t k) {
@@ -167,8 +167,8 @@ bool shared_allreduce_start(const Context& ctx, NodeGroup& g, const SharedRef& i
   return true;
 }
 
-bool shared_allreduce_arrives_at_issue(const NodeGroup& g, size_t bytes) {
-  return g.no_spare_core() && bytes > kSharedAllreduceAtIssueBytes;
+bool shared_allreduce_arrives_at_issue(const Tuning& t, const NodeGroup& g, size_t bytes) {
+  return g.no_spare_core() && bytes > t.shared_allreduce_at_issue_bytes;
 }
 
 void shared_allreduce_arrive(NodeGroup& g, const SharedRef& in, const SharedRef& out, size_t count) {

@@ -147,17 +147,17 @@ bool ShmGroup::wait_until(Ready&& ready, Check&& check, Expired&& expired, OnMyC
     // hand the core back (some 7 us a switch on this machine): spin a few microseconds
     // first, then yield all the same, in case one of them has moved here since.
     // 4 ranks on 2 cores, allreduce 64 B-4 KiB: 12.5-14.0 -> 8.8-10.7 us.
-    for (int i = 0; i < kOversubscribedYields; ++i) {
+    for (int i = 0; i < config_.oversubscribed_yields; ++i) {
       if (ready()) return true;
       if (!on_my_core(static_cast<uint32_t>(sched_getcpu()))) {
-        for (int k = 0; k < kOversubscribedSpins && !ready(); ++k) cpu_relax();
+        for (int k = 0; k < config_.oversubscribed_spins && !ready(); ++k) cpu_relax();
         if (ready()) return true;
       }
       sched_yield();
       if (sliced && Clock::now() >= until) return false;
     }
   } else {
-    for (int i = 0; i < kSpins; ++i) {
+    for (int i = 0; i < config_.spins; ++i) {
       if (ready()) return true;
       if (i >= 64 && (i & 63) == 0) {
         sched_yield();

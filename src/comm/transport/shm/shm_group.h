@@ -89,6 +89,11 @@ struct GroupConfig {
   // too), 4 ranks on a 2-core machine, the segment path was 1.1-1.3x faster from 256 KiB
   // to 16 MiB.
   bool cma_any_size = false;
+  // How a waiter spins before it sleeps (algorithms::Tuning: shm_spins,
+  // shm_oversubscribed_yields, shm_oversubscribed_spins, where they are measured).
+  int spins = 20000;
+  int oversubscribed_yields = 64;
+  int oversubscribed_spins = 250;
 };
 
 class ShmGroup final : public NodeGroup {
@@ -236,11 +241,6 @@ class ShmGroup final : public NodeGroup {
   bool oversubscribed_ = false;
   bool no_spare_core_ = false;
   bool crowded_ = false;
-  static constexpr int kSpins = 20000;
-  static constexpr int kOversubscribedYields = 64;
-  // Pauses (about 19 ns each here) an oversubscribed waiter spins before each yield
-  // while the ranks it waits for were last seen on other cores.
-  static constexpr int kOversubscribedSpins = 250;
   std::vector<int> pidfds_;     // per local rank; -1 for this process or unavailable
   std::chrono::steady_clock::time_point next_liveness_check_;
   std::atomic<bool> interrupted_{false};

@@ -1,0 +1,192 @@
+// plan_for(): the one place a call is decided (plan.h). In order:
+//   1. the direct path: every rank's buffers are node-shared and the model predicts
+//      it no slower than the segment path (the row's run_shared);
+//   2. otherwise the algorithm: a forced one (CHORUS_ALGO) that the collective has a
+//      row for and this communicator's shape can run, else the automatic choice, by
+//      cost where the rows have formulas and by measured rules where they do not;
+//   3. whether the call starts at issue on the calling thread (the row's at_issue),
+//      by the cut-offs of the tuning table.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "chorus/error.h"
+#include "comm/algorithms/algorithms.h"
+#include "comm/communicator/communicator_impl.h"
+#include "comm/communicator/cost_model.h"
+
+namespace chorus {
+namespace internal {
+
+namespace {
+
+bool over_tcp(Algorithm a) { return a != Algorithm::kShmDirect && a != Algorithm::kHierarchical; }
+
+// Forced algorithms that leave shared memory out: ring, rd, hd, tree.
+bool tcp_forced(Algorithm forced) { return forced != Algorithm::kAuto && over_tcp(forced); }
+
+// The collectives whose shared-memory algorithm reads the peers' buffers (cross-memory
+// attach).
+bool reads_peers(Collective c) {
+  return c == Collective::kGather || c == Collective::kScatter || c == Collective::kAlltoall ||
+         c == Collective::kAlltoallv || c == Collective::kAllgatherv;
+}
+
+}  // namespace
+
+bool CommunicatorImpl::hierarchical_possible() const {
+  return topology_.nodes > 1 && topology_.local_size > 1 && topology_.uniform();
+}
+
+bool CommunicatorImpl::direct_path_possible() const {
+  const Algorithm forced = options_.algorithm;
+  return options_.shm_direct && all_in_shared_memory() && size_ > 1 &&
+         (forced == Algorithm::kAuto || forced == Algorithm::kShmDirect);
+}
+
+bool CommunicatorImpl::direct_path(Call& call) const {
+  if (!direct_path_possible()) return false;
+  // First whether the buffers are node-shared: without the lock, and without the model,
+  // where the process has none.
+  call.out_ref = transport::shm::find_shared(call.recv, call.out_bytes);
+  if (!call.out_ref) return false;
+  // The model knows the path (predicted_shared_us): it is taken where it is predicted
+  // no slower than the segment path; with the built-in parameters from about 16 KiB
+  // (below, its second phase costs more than the copies it saves).
+  const size_t bytes = std::max(call.in_bytes, call.out_bytes);
+  if (predicted_shared_us(call.what, bytes, shape_, cost_) >
+      predicted_us(call.what, Algorithm::kShmDirect, bytes, shape_, cost_)) {
+    return false;
+  }
+  if (call.what == Collective::kBroadcast && call.root != rank_) return true;  // no input off the root
+  call.in_ref = transport::shm::find_shared(call.send, call.in_bytes);
+  return static_cast<bool>(call.in_ref);
+}
+
+bool CommunicatorImpl::runnable(Collective c, Algorithm a) const {
+  if (a == Algorithm::kHierarchical) return hierarchical_possible();
+  if (a != Algorithm::kShmDirect) return true;
+  if (!all_in_shared_memory()) return false;
+  if (!reads_peers(c)) return true;
+  // The ranks read each other's buffers; alltoallv's also need their tables of counts
+  // to fit in a segment buffer.
+  const bool table_fits = c != Collective::kAlltoallv || (1 + 3 * static_cast<size_t>(size_)) * 8 <= shm_->buffer_bytes();
+  return shm_->cma() && table_fits;
+}
+
+Algorithm CommunicatorImpl::cheapest_allreduce(size_t bytes, bool tcp_only) const {
+  if (size_ == 1) return Algorithm::kRecursiveDoubling;
+  // The choice depends only on the size here: remembered per size (training issues the
+  // same few sizes over and over), it costs a small collective nothing.
+  std::atomic<uint64_t>& memo = allreduce_choice_[(bytes * 0x9E3779B97F4A7C15u) >> 60];
+  const uint64_t seen = memo.load(std::memory_order_relaxed);
+  if (!tcp_only && seen != 0 && (seen >> 8) == bytes) return static_cast<Algorithm>((seen & 0xff) - 1);
+  std::vector<Algorithm> candidates;
+  for (const AlgorithmEntry& e : algorithm_table()) {
+    if (e.collective == Collective::kAllreduce && e.cost != nullptr && (!tcp_only || over_tcp(e.algorithm)) &&
+        runnable(Collective::kAllreduce, e.algorithm)) {
+      candidates.push_back(e.algorithm);
+    }
+  }
+  const Algorithm best = cheapest(Collective::kAllreduce, bytes, shape_, cost_, candidates);
+  if (!tcp_only && bytes < (uint64_t{1} << 56)) {
+    memo.store(bytes << 8 | (static_cast<uint64_t>(best) + 1), std::memory_order_relaxed);
+  }
+  return best;
+}
+
+Algorithm CommunicatorImpl::algorithm_for(Collective c, size_t bytes) const {
+  if (c == Collective::kSend || c == Collective::kRecv) {
+    // The transport routes: a peer on this node through shared memory (whatever
+    // CHORUS_ALGO says), the others over tcp; "shm" when every peer is on this node.
+    return all_in_shared_memory() ? Algorithm::kShmDirect : Algorithm::kAuto;
+  }
+  // A forced algorithm that this collective has no row for, or that this
+  // communicator's shape cannot run, leaves the choice automatic, so that one
+  // CHORUS_ALGO serves every collective and communicator of a job; a forced tcp
+  // algorithm keeps the choice over tcp.
+  const Algorithm forced = options_.algorithm;
+  if (forced != Algorithm::kAuto && find_entry(c, forced) != nullptr && runnable(c, forced)) return forced;
+  const bool tcp_only = tcp_forced(forced);
+  if (c == Collective::kAllreduce) return cheapest_allreduce(bytes, tcp_only);
+  // Every other collective takes shared memory where it runs: one node, whole.
+  if (!tcp_only && find_entry(c, Algorithm::kShmDirect) != nullptr && runnable(c, Algorithm::kShmDirect)) {
+    return Algorithm::kShmDirect;
+  }
+  // Across nodes: hierarchical where the model predicts it faster than every flat
+  // algorithm with a formula.
+  if (forced == Algorithm::kAuto && find_entry(c, Algorithm::kHierarchical) != nullptr && hierarchical_possible()) {
+    std::vector<Algorithm> candidates;
+    for (const AlgorithmEntry& e : algorithm_table()) {
+      if (e.collective == c && e.cost != nullptr && e.algorithm != Algorithm::kShmDirect) {
+        candidates.push_back(e.algorithm);
+      }
+    }
+    if (cheapest(c, bytes, shape_, cost_, candidates) == Algorithm::kHierarchical) return Algorithm::kHierarchical;
+  }
+  // Broadcast and reduce over tcp: the binomial tree while latency dominates, the
+  // pipelined chain beyond (Tuning::tree_limit_bytes, measured with chorus-bench, 2-8
+  // ranks over loopback).
+  if (c == Collective::kBroadcast || c == Collective::kReduce) {
+    return bytes <= cost_.tuning.tree_limit_bytes ? Algorithm::kBinomialTree : Algorithm::kRing;
+  }
+  // The others have one algorithm over tcp: their first row that is neither.
+  for (const AlgorithmEntry& e : algorithm_table()) {
+    if (e.collective == c && over_tcp(e.algorithm)) return e.algorithm;
+  }
+  return Algorithm::kAuto;
+}
+
+Plan CommunicatorImpl::plan_for(Call& call) const {
+  Plan plan;
+  const AlgorithmEntry* shared = find_entry(call.what, Algorithm::kShmDirect);
+  if (shared != nullptr && shared->run_shared != nullptr && direct_path(call)) {
+    plan.entry = shared;
+    plan.direct = true;
+  } else {
+    plan.entry = find_entry(call.what, algorithm_for(call.what, call.bytes));
+    if (plan.entry == nullptr) {  // a row missing: algorithm_table_test guards against it
+      throw std::logic_error(std::string(collective_name(call.what)) + ": no algorithm " +
+                          algorithm_name(algorithm_for(call.what, call.bytes)) + " in the table");
+    }
+  }
+  if (plan.at_issue() != nullptr && starts_at_issue(plan, call)) plan.start = Start::kAtIssue;
+  return plan;
+}
+
+bool CommunicatorImpl::inline_allowed() const {
+  return options_.shm_inline && !options_.check_consistency && all_in_shared_memory();
+}
+
+bool CommunicatorImpl::inline_possible() const {
+  // Not with more ranks than cores: a peer that has not arrived is waiting for this
+  // core, so the call nearly always left its rest to the queue, and that cost more than
+  // queueing it at once (4 ranks on 2 cores, 8 bytes: 10.2-13.3 us against 2.9-4.2).
+  return inline_allowed() && !shm_->oversubscribed();
+}
+
+bool CommunicatorImpl::starts_at_issue(const Plan& plan, const Call& call) const {
+  const algorithms::Tuning& t = cost_.tuning;
+  if (!plan.direct) {
+    // Through the segment: one chunk reduced whole, small enough to finish at once.
+    return call.bytes <= t.inline_bytes && inline_possible() && algorithms::shm_allreduce_small(t, *shm_, call.bytes);
+  }
+  // On node-shared buffers: whole up to shared_allreduce_at_issue_bytes; larger ones
+  // only entered at issue, where the node has no core to spare.
+  if (call.bytes > t.shared_allreduce_at_issue_bytes) {
+    return inline_allowed() && algorithms::shared_allreduce_arrives_at_issue(t, *shm_, call.bytes);
+  }
+  return inline_possible();
+}
+
+}  // namespace internal
+
+Algorithm Communicator::algorithm_for(std::string_view collective, size_t bytes) const {
+  if (std::optional<Collective> c = parse_collective(collective)) return algorithm_for(*c, bytes);
+  std::string names;
+  for (Collective c : kAllCollectives) names += std::string(names.empty() ? "" : ", ") + collective_name(c);
+  throw InvalidArgumentError("algorithm_for: unknown collective '" + std::string(collective) +
+                             "' (one of " + names + ")");
+}
+
+}  // namespace chorus

@@ -1,0 +1,90 @@
+// One plan per call. An issued collective is validated into a Call; plan_for()
+// (plan.cc) decides, in one place, what runs: which algorithm, on which buffers (the
+// segment path, or the direct path on node-shared buffers), and whether it starts on
+// the calling thread at issue or waits in the queue. The algorithms themselves are
+// rows of one table (algorithm_table.cc): per collective and algorithm, its body, its
+// cost formula and what it can run at issue. collectives.cc validates, plans and issues.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "chorus/communicator.h"
+#include "comm/algorithms/context.h"
+#include "comm/communicator/cost_model.h"
+#include "comm/transport/shm/memory_file.h"
+
+namespace chorus::internal {
+
+// How an operation is run on the progress thread: it gets a context whose dtype and
+// reduction are already set.
+using OpBody = std::function<void(const algorithms::Context&)>;
+
+// One issued collective, validated: what the plan reads and what the body runs on.
+struct Call {
+  Collective what = Collective::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  // Elements: allreduce, broadcast, reduce: the buffer; allgather, gather, scatter,
+  // alltoall: one rank's block; reduce_scatter: the result; allgatherv: this rank's.
+  size_t count = 0;
+  int root = -1;
+  // What the choice of algorithm reads (Communicator::algorithm_for()'s `bytes`).
+  size_t bytes = 0;
+  // The spans the direct path looks up in node-shared memory: send (none off the
+  // broadcast's root) and recv.
+  size_t in_bytes = 0, out_bytes = 0;
+  // allgatherv: recv_counts and their offsets; alltoallv: all four.
+  std::vector<size_t> send_counts, send_displs, recv_counts, recv_displs;
+  // The direct path's node-shared spans (Plan::direct), found by plan_for().
+  transport::shm::SharedRef in_ref, out_ref;
+};
+
+// What a row can run at issue on the calling thread: true when it finished the
+// operation, or false after setting `rest` to the body that finishes it from the queue.
+using AtIssue = bool (*)(const algorithms::Context& ctx, const Call& call, OpBody& rest);
+
+// One algorithm of one collective: a row of the table (algorithm_table.cc).
+struct AlgorithmEntry {
+  Collective collective;
+  Algorithm algorithm;
+  // Predicted time (cost_model.h) where the choice is by cost; null where a measured
+  // rule in plan.cc names the algorithm instead.
+  cost::Formula cost;
+  // The body, on the progress thread (or a caller's wait()), on the call's own buffers.
+  void (*run)(const algorithms::Context& ctx, const Call& call);
+  // Optional: the start of `run` at issue (the inline path), for calls plan_for()
+  // finds small enough.
+  AtIssue at_issue = nullptr;
+  // Optional: the direct path, on node-shared buffers (call.in_ref, call.out_ref), and
+  // its start at issue.
+  void (*run_shared)(const algorithms::Context& ctx, const Call& call) = nullptr;
+  AtIssue shared_at_issue = nullptr;
+};
+
+// Every row, and one algorithm's row for a collective (null: none).
+std::span<const AlgorithmEntry> algorithm_table();
+const AlgorithmEntry* find_entry(Collective collective, Algorithm algorithm);
+
+// Where a call runs.
+enum class Start : uint8_t {
+  kQueued,   // in the queue, in issue order, on the progress thread or a waiting caller
+  kAtIssue,  // attempted on the calling thread when the engine is idle (entry's at_issue)
+};
+
+// The decision for one call.
+struct Plan {
+  const AlgorithmEntry* entry = nullptr;
+  bool direct = false;  // entry->run_shared on call.in_ref / call.out_ref
+  Start start = Start::kQueued;
+
+  Algorithm algorithm() const { return entry->algorithm; }
+  // The body to queue: the whole operation.
+  OpBody body(Call call) const;
+  // The attempt at issue (start == kAtIssue).
+  AtIssue at_issue() const { return direct ? entry->shared_at_issue : entry->at_issue; }
+};
+
+}  // namespace chorus::internal
