@@ -24,8 +24,8 @@ handshake::Kind common_kind(MessageKind kind) {
 
 const char* kind_name(MessageKind kind) { return handshake::kind_name(common_kind(kind)); }
 
-// "a HELLO", "an ACCEPTED".
-std::string a(MessageKind kind) {
+// The kind's name after its article, for messages: "a HELLO", "an ACCEPTED".
+std::string with_article(MessageKind kind) {
   return (kind == MessageKind::kAccepted ? "an " : "a ") + std::string(kind_name(kind));
 }
 
@@ -49,7 +49,7 @@ bool payload_of(std::span<const uint8_t> message, MessageKind want,
   uint32_t length = 0;
   if (!decode_header(message, &kind, &length, reason)) return false;
   if (kind != want) {
-    *reason = "expected " + a(want) + " message, got " + a(kind);
+    *reason = "expected " + with_article(want) + " message, got " + with_article(kind);
     return false;
   }
   if (message.size() - kHeaderBytes != length) {
