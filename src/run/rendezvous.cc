@@ -125,15 +125,15 @@ bool LauncherRendezvous::join(const std::function<bool()>& interrupted) {
   const auto bounded = std::min(connect_timeout_, liveness_->timeout());
   store_->base()->set_timeout(bounded);  // the calls that do not wait on keys use this one
   store_->set_timeout(bounded);
-  hosts_.clear();
+  std::vector<std::string> hosts;
   nprocs_.clear();
   for (size_t k = 0; k < keys.size(); ++k) {
     std::string value = store_->get_string(keys[k]);
     size_t space = value.find(' ');
     nprocs_.push_back(std::max(1, std::atoi(value.substr(0, space).c_str())));
-    hosts_.push_back(space == std::string::npos ? "" : value.substr(space + 1));
+    hosts.push_back(space == std::string::npos ? "" : value.substr(space + 1));
   }
-  liveness_->watch(hosts_);
+  liveness_->watch(hosts);
   return true;
 }
 

@@ -54,7 +54,6 @@ class LauncherRendezvous : public RoundControl {
   // stops the wait (returns false). Then the launchers watch each other (liveness.h).
   // From here on, store calls are bounded by the heartbeat timeout.
   bool join(const std::function<bool()>& interrupted);
-  const std::vector<std::string>& node_hosts() const { return hosts_; }
   // Each node's --nproc-per-node, by node rank (after join()).
   const std::vector<int>& node_nprocs() const { return nprocs_; }
 
@@ -84,7 +83,6 @@ class LauncherRendezvous : public RoundControl {
   const LaunchOptions& options_;
   std::chrono::milliseconds connect_timeout_;
   std::unique_ptr<TcpStoreServer> server_;
-  std::vector<std::string> hosts_;
   std::vector<int> nprocs_;
 };
 
