@@ -27,7 +27,11 @@ struct AllowListFile {
   std::string variable;  // the variable that named it
 };
 std::optional<AllowListFile> allowlist_file();
-// CHORUS_ALGO: auto | ring | rd (recursive doubling) | hd (halving-doubling).
+// CHORUS_ALGO: auto | ring | rd (recursive doubling) | hd (halving-doubling) | shm
+// (direct shared memory, the ranks of one node) | hier (hierarchical) | tree (binomial
+// tree: broadcast, reduce), default auto; CommOptions::from_env() parses it by the
+// algorithm table's names (also the long names recursive_doubling, halving_doubling,
+// direct, hierarchical, binomial_tree) and throws ConfigError for any other.
 std::string algorithm();
 // CHORUS_IF_IP, else HCCL_IF_IP: the address to listen on. Empty when unset.
 std::string if_ip();
