@@ -4,17 +4,18 @@
 #pragma once
 
 #include <map>
-#include <stdexcept>
 #include <string>
+
+#include "chorus/error.h"
 
 namespace chorus::run {
 
-// A bad command line or option value. chorusrun prints what() and exits with code 2.
-// The message always names the option (e.g. "--node-rank 2: must be less than
-// --nnodes (2)").
-class UsageError : public std::runtime_error {
+// A bad command line or option value: a ConfigError (chorus/error.h) that chorusrun
+// reports as a usage error, printing what() and exiting with code 2. The message always
+// names the option (e.g. "--node-rank 2: must be less than --nnodes (2)").
+class UsageError : public ConfigError {
  public:
-  explicit UsageError(const std::string& m) : std::runtime_error(m) {}
+  explicit UsageError(const std::string& m) : ConfigError(m) {}
 };
 
 // The process environment as a map (tests pass their own).

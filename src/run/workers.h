@@ -75,15 +75,17 @@ struct WorkerExit {
 
 class WorkerGroup {
  public:
+  // Throws InvalidArgumentError when `output` redirects a stream without a log_dir.
   explicit WorkerGroup(OutputOptions output);
   ~WorkerGroup();  // kills (SIGKILL) and reaps every worker still running
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  // Starts every worker. Throws std::runtime_error naming the program when one cannot
-  // be started (the ones already started are killed first). Log files are opened for
-  // append, so a restarted group adds to them. Throws std::logic_error while workers of
-  // the previous start are running; what is left of their process groups is killed.
+  // Starts every worker. Throws SystemError naming the program when one cannot be
+  // started, or its log directory or files cannot be made (the ones already started are killed
+  // first). Log files are opened for append, so a restarted group adds to them. Throws
+  // InvalidArgumentError for a spec without a program, and while workers of the
+  // previous start are running; what is left of their process groups is killed.
   // exits() starts empty again.
   void start(const std::vector<WorkerSpec>& specs);
 

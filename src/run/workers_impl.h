@@ -18,11 +18,11 @@
 #include <chrono>
 #include <deque>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
 
+#include "chorus/error.h"
 #include "comm/common/deadline.h"
 #include "comm/common/socket.h"
 #include "run/workers.h"
@@ -105,7 +105,7 @@ struct WorkerGroup::Impl {
 
   explicit Impl(OutputOptions o) : options(std::move(o)) {
     if (options.redirects != Streams::kNone && options.log_dir.empty())
-      throw std::invalid_argument("output redirects need a log directory");
+      throw InvalidArgumentError("output redirects need a log directory");
   }
 
   static bool alive(const Worker& w) {

@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <stdexcept>
 
 #include "run/workers_impl.h"
 
@@ -94,8 +93,7 @@ void WorkerGroup::Impl::make_log_dir() {
   std::error_code error;
   std::filesystem::create_directories(options.log_dir, error);
   if (error)
-    throw std::runtime_error("cannot create log directory '" + options.log_dir +
-                             "': " + error.message());
+    throw SystemError("cannot create log directory '" + options.log_dir + "': " + error.message());
 }
 
 Fd WorkerGroup::Impl::open_log(int rank, int stream) {
@@ -104,7 +102,7 @@ Fd WorkerGroup::Impl::open_log(int rank, int stream) {
                      (stream == kStdout ? ".stdout.log" : ".stderr.log");
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (!fd.valid())
-    throw std::runtime_error("cannot open log file '" + path + "': " + error_text(errno));
+    throw SystemError("cannot open log file '" + path + "': " + error_text(errno));
   return fd;
 }
 

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <stdexcept>
 
 #include "run/workers_impl.h"
 
@@ -167,8 +166,8 @@ int read_exec_error(int error_fd) {
 
 void WorkerGroup::Impl::start(const std::vector<WorkerSpec>& specs) {
   if (running() > 0)
-    throw std::logic_error("WorkerGroup::start: " + std::to_string(running()) +
-                           " workers of the previous start are still running");
+    throw InvalidArgumentError("WorkerGroup::start: " + std::to_string(running()) +
+                               " workers of the previous start are still running");
   release_all();  // leftovers (grandchildren) of a previous start must not survive it
   exits.clear();
   if (!options.log_dir.empty()) make_log_dir();
@@ -186,7 +185,7 @@ void WorkerGroup::Impl::start(const std::vector<WorkerSpec>& specs) {
 // leaves the child to release_all().
 void WorkerGroup::Impl::spawn(const WorkerSpec& spec, int dev_null) {
   if (spec.argv.empty())
-    throw std::invalid_argument("no program given for rank " + std::to_string(spec.rank));
+    throw InvalidArgumentError("no program given for rank " + std::to_string(spec.rank));
   auto worker = std::make_unique<Worker>();
   worker->rank = spec.rank;
   worker->local_rank = spec.local_rank;
@@ -215,12 +214,12 @@ void WorkerGroup::Impl::spawn(const WorkerSpec& spec, int dev_null) {
 void WorkerGroup::Impl::check_started(Worker& worker, const WorkerSpec& spec, int exec_errno) {
   std::string rank = std::to_string(spec.rank);
   if (exec_errno != 0)
-    throw std::runtime_error("cannot start '" + spec.argv[0] + "' for rank " + rank + ": " +
-                             error_text(exec_errno));
+    throw SystemError("cannot start '" + spec.argv[0] + "' for rank " + rank + ": " +
+                      error_text(exec_errno));
   worker.pidfd = Fd(pidfd_open(worker.pid));
   if (!worker.pidfd.valid())
-    throw std::runtime_error("pidfd_open for rank " + rank + ": " + error_text(errno) +
-                             " (Linux 5.3 or newer is needed)");
+    throw SystemError("pidfd_open for rank " + rank + ": " + error_text(errno) +
+                      " (Linux 5.3 or newer is needed)");
 }
 
 }  // namespace chorus::run

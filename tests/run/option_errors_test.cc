@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/error.h"
 #include "run/options.h"
 #include "util/launch_options.h"
 
@@ -157,6 +158,18 @@ const ErrorCase kErrorCases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Options, BadValue, testing::ValuesIn(kErrorCases),
                          [](const auto& info) { return info.param.name; });
+
+// chorus's error policy (chorus/error.h) holds in the launcher too: a bad option is a
+// ConfigError, which chorusrun reports as a usage error.
+TEST(UsageError, IsAChorusConfigError) {
+  try {
+    test::parse({"--nnodes", "0", "p"});
+    FAIL() << "--nnodes 0 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(dynamic_cast<const UsageError*>(&e), nullptr) << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace chorus::run

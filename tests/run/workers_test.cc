@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/error.h"
 #include "comm/common/deadline.h"
 
 namespace chorus::run {
@@ -325,7 +326,7 @@ TEST_F(WorkersTest, RedirectedStreamsStayOffTheConsole) {
 TEST_F(WorkersTest, RedirectsWithoutALogDirectoryAreRejected) {
   OutputOptions output;
   output.redirects = Streams::kStderr;
-  EXPECT_THROW(WorkerGroup group(output), std::invalid_argument);
+  EXPECT_THROW(WorkerGroup group(output), InvalidArgumentError);
 }
 
 // A worker with WorkerSpec::cpus runs on those CPUs only, threads it starts included
@@ -385,7 +386,7 @@ TEST_F(WorkersTest, ExecFailureNamesProgramAndRankAndStopsTheOthers) {
   try {
     group.start({helper_spec(0, {"sleep", "60"}), missing});
     FAIL() << "start() did not throw";
-  } catch (const std::runtime_error& e) {
+  } catch (const SystemError& e) {
     EXPECT_STREQ(e.what(),
                  "cannot start 'no_such_program_for_chorus_tests' for rank 1: "
                  "No such file or directory");
