@@ -305,7 +305,9 @@ void CommunicatorImpl::run(Op& op) {
   const transport::OpInfo info = op_info(op.spec, op.seq, started);
   if (recorder_.enabled()) recorder_.running(op.trace_slot, started);
   execute(op, [&] {
-    if (options_.check_consistency && !is_p2p(op.spec.what) && size_ > 1) check_consistency(op);
+    if (options_.check_consistency && !is_p2p(op.spec.what) && size_ > 1) {
+      check_consistency(op, info);
+    }
     transport_->begin(info);  // shared memory's too
     op.body(ctx);
   });

@@ -177,8 +177,9 @@ class CommunicatorImpl final : public Communicator,
     std::vector<uint8_t> bytes;
   };
   void hold(transport::Transport& t, const transport::Arrival& arrival);
-  // CHORUS_DEBUG=DETAIL: every rank's fingerprint of `op`, compared before it runs.
-  void check_consistency(const Op& op);
+  // CHORUS_DEBUG=DETAIL: every rank's fingerprint of `op`, compared before it runs,
+  // within `op_info`'s deadline: the check is part of the operation's time.
+  void check_consistency(const Op& op, const transport::OpInfo& op_info);
   std::string where() const;
   // Several nodes with the same number of ranks each, more than one per node.
   bool hierarchical_possible() const;

@@ -27,12 +27,12 @@ std::string describe(const Fingerprint& f) {
 
 }  // namespace
 
-void CommunicatorImpl::check_consistency(const Op& op) {
+void CommunicatorImpl::check_consistency(const Op& op, const transport::OpInfo& op_info) {
   transport::OpInfo info;
   info.name = "consistency check";
   info.code = transport::kConsistencyCheckCode;
   info.seq = op.seq;
-  info.deadline = Deadline(options_.timeout);
+  info.deadline = op_info.deadline;
   transport_->begin(info);
   Fingerprint mine;  // padding bytes travel too, unread: == compares the fields
   mine.seq = op.seq;
