@@ -139,34 +139,6 @@ Arrival ShmTransport::probe(const std::vector<int>& peers, Clock::time_point unt
   }
 }
 
-bool ShmTransport::done(const Request& r) const {
-  const Peer& p = peers_[group_.local_of(r.peer)];
-  return r.is_send ? p.sends_done > r.index : p.recvs_done > r.index;
-}
-
-bool ShmTransport::test(const Request& request) const { return done(request); }
-
-bool ShmTransport::all_done() const {
-  for (const Peer& p : peers_) {
-    if (!p.sends.empty() || !p.recvs.empty()) return false;
-  }
-  return true;
-}
-
-void ShmTransport::wait(const Request& request) {
-  drive_until([&] { return done(request); }, Clock::time_point::max());
-}
-
-void ShmTransport::wait_all() {
-  drive_until([&] { return all_done(); }, Clock::time_point::max());
-}
-
-bool ShmTransport::wait_for(const Request* request, std::chrono::microseconds slice) {
-  const Clock::time_point until = Clock::now() + slice;
-  if (request != nullptr) return drive_until([&] { return done(*request); }, until);
-  return drive_until([&] { return all_done(); }, until);
-}
-
 template <class Pred>
 bool ShmTransport::drive_until(Pred pred, Clock::time_point until) {
   // Whether a stream with pending work can move.
@@ -418,3 +390,6 @@ void ShmTransport::abort(const std::string& reason) {
 void ShmTransport::close() { group_.close(); }
 
 }  // namespace chorus::transport::shm
+
+// The waits, with drive_until() above inlined into them (stream_transport.h).
+template class chorus::transport::StreamTransport<chorus::transport::shm::ShmTransport>;

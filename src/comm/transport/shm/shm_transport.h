@@ -33,11 +33,12 @@
 
 #include "comm/transport/call_history.h"
 #include "comm/transport/shm/shm_group.h"
+#include "comm/transport/stream_transport.h"
 #include "comm/transport/transport.h"
 
 namespace chorus::transport::shm {
 
-class ShmTransport final : public Transport {
+class ShmTransport final : public StreamTransport<ShmTransport> {
  public:
   // Over `group`'s streams (the group must outlive the transport), in a communicator of
   // `size` ranks.
@@ -54,10 +55,7 @@ class ShmTransport final : public Transport {
   }
   Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until) override;
   Request irecv_message(int peer, void* data, size_t len, const Signature& sig) override;
-  void wait(const Request& request) override;
-  bool test(const Request& request) const override;
-  void wait_all() override;
-  bool wait_for(const Request* request, std::chrono::microseconds slice) override;
+  // wait(), test(), wait_all() and wait_for() are StreamTransport's, over drive_until().
   // interrupt(), abort() and close() act on the group, shared with the direct
   // algorithms: all idempotent.
   void interrupt(const std::string& reason) override { group_.interrupt(reason); }
@@ -97,14 +95,15 @@ class ShmTransport final : public Transport {
     uint64_t sends_posted = 0, sends_done = 0, recvs_posted = 0, recvs_done = 0;
     uint64_t written = 0, read = 0;  // messages, for their numbers
   };
-  using Clock = std::chrono::steady_clock;
+
+  friend class StreamTransport<ShmTransport>;
+  const Peer& stream_of(int peer) const { return peers_[group_.local_of(peer)]; }
+  const std::vector<Peer>& streams() const { return peers_; }
 
   int local(int peer) const;
   Header header_for(size_t len, const Signature& sig) const;
   // The header of the next unread message from local rank i, when it is all there.
   bool peek_header(int i, Header& h) const;
-  bool done(const Request& r) const;
-  bool all_done() const;
   // Whether the ring to local rank i has room, and whether the one from it has bytes.
   bool ring_has_room(int i) const;
   bool ring_has_bytes(int i) const;
@@ -114,7 +113,12 @@ class ShmTransport final : public Transport {
   bool progress_recvs(int i);
   // The header of `r` is whole: throws when it is not the message `r` expects.
   void check_header(int i, const Recv& r);
-  template <class Pred> bool drive_until(Pred pred, Clock::time_point until);
+  // Moves bytes until pred() (true) or `until` (false; max(): no end but the
+  // operation's deadline). Inlined into each wait (stream_transport.h), the hot path,
+  // with its predicate: the waits' lambdas have linkage, so the compiler would keep the
+  // two of wait_for() out of line.
+  template <class Pred>
+  [[gnu::always_inline]] inline bool drive_until(Pred pred, Clock::time_point until);
   // Before a nap: peers waited for that aborted, closed or died; after kSuspectAfter
   // the calls the peers wait in and the first unread message of every stream.
   void check_waits(bool liveness);
@@ -135,3 +139,6 @@ class ShmTransport final : public Transport {
 };
 
 }  // namespace chorus::transport::shm
+
+// Instantiated in shm_transport.cc, beside drive_until() (stream_transport.h).
+extern template class chorus::transport::StreamTransport<chorus::transport::shm::ShmTransport>;

@@ -176,27 +176,6 @@ Arrival TcpTransport::probe(const std::vector<int>& peers, Clock::time_point unt
   }
 }
 
-bool TcpTransport::all_done() const {
-  for (const Peer& p : peers_) {
-    if (!p.sends.empty() || !p.recvs.empty()) return false;
-  }
-  return true;
-}
-
-void TcpTransport::wait(const Request& request) {
-  drive_until([&] { return done(request); }, Clock::time_point::max());
-}
-
-void TcpTransport::wait_all() {
-  drive_until([&] { return all_done(); }, Clock::time_point::max());
-}
-
-bool TcpTransport::wait_for(const Request* request, std::chrono::microseconds slice) {
-  const Clock::time_point until = Clock::now() + slice;
-  if (request != nullptr) return drive_until([&] { return done(*request); }, until);
-  return drive_until([&] { return all_done(); }, until);
-}
-
 template <class Pred>
 bool TcpTransport::drive_until(Pred pred, Clock::time_point until) {
   if (closed_) throw AbortedError(op_name() + " on " + here() + ": the transport is closed");
@@ -516,3 +495,6 @@ void TcpTransport::close() {
 }
 
 }  // namespace chorus::transport::tcp
+
+// The waits, with drive_until() above inlined into them (stream_transport.h).
+template class chorus::transport::StreamTransport<chorus::transport::tcp::TcpTransport>;

@@ -25,6 +25,7 @@
 #include "comm/transport/tcp/frame.h"
 #include "comm/transport/tcp/peer.h"
 #include "comm/transport/call_history.h"
+#include "comm/transport/stream_transport.h"
 #include "comm/transport/transport.h"
 
 namespace chorus::transport::tcp {
@@ -35,7 +36,7 @@ using Clock = std::chrono::steady_clock;
 // a later call) waits for frames from other peers that name the disagreement.
 constexpr auto kExplainWithin = std::chrono::milliseconds(200);
 
-class TcpTransport final : public Transport {
+class TcpTransport final : public StreamTransport<TcpTransport> {
  public:
   TcpTransport(int rank, int size, std::vector<Peer> peers)
       : rank_(rank), size_(size), peers_(std::move(peers)),
@@ -55,25 +56,24 @@ class TcpTransport final : public Transport {
   }
   Arrival probe(const std::vector<int>& peers, Clock::time_point until) override;
   Request irecv_message(int peer, void* data, size_t len, const Signature& sig) override;
-  void wait(const Request& request) override;
-  bool test(const Request& request) const override { return done(request); }
-  void wait_all() override;
-  bool wait_for(const Request* request, std::chrono::microseconds slice) override;
+  // wait(), test(), wait_all() and wait_for() are StreamTransport's, over drive_until().
   void interrupt(const std::string& reason) override;
   void abort(const std::string& reason) override;
   void close() override;
 
  private:
+  friend class StreamTransport<TcpTransport>;
+  const Peer& stream_of(int peer) const { return peers_[peer]; }
+  const std::vector<Peer>& streams() const { return peers_; }
+
   // ---- stream.cc ----
   void check_interrupt();
-  bool done(const Request& r) const {
-    const Peer& p = peers_[r.peer];
-    return r.is_send ? p.sends_done > r.index : p.recvs_done > r.index;
-  }
-  bool all_done() const;
   // Drives the streams until pred() (true) or `until` (false; max(): no end but the
-  // operation's deadline).
-  template <class Pred> bool drive_until(Pred pred, Clock::time_point until);
+  // operation's deadline). Inlined into each wait (stream_transport.h), the hot path,
+  // with its predicate: the waits' lambdas have linkage, so the compiler would keep the
+  // two of wait_for() out of line.
+  template <class Pred>
+  [[gnu::always_inline]] inline bool drive_until(Pred pred, Clock::time_point until);
   bool progress_all();
   bool progress_sends(int peer);
   bool progress_recvs(int peer);
@@ -139,3 +139,6 @@ class TcpTransport final : public Transport {
 };
 
 }  // namespace chorus::transport::tcp
+
+// Instantiated in stream.cc, beside drive_until() (stream_transport.h).
+extern template class chorus::transport::StreamTransport<chorus::transport::tcp::TcpTransport>;
