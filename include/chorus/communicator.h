@@ -204,6 +204,13 @@ struct CommOptions {
   // Options with every default read from the environment. Throws ConfigError on a bad
   // value, naming the variable.
   static CommOptions from_env();
+  // The same for a front end that takes a timeout of its own (torch_chorus's
+  // init_process_group, chorus_torch's ProcessGroup::from_env(timeout)): `timeout` is
+  // the deadline of each operation unless CHORUS_TIMEOUT (else HCCL_EXEC_TIMEOUT) is
+  // set. That variable is the operator's override, as HCCL_EXEC_TIMEOUT is for HCCL: it
+  // applies, and where it differs from `timeout`, one warning line on stderr names
+  // both values and says that it applies.
+  static CommOptions from_env(std::chrono::milliseconds timeout);
 };
 
 // Shared by receives from any source issued on several communicators (c10d's two

@@ -159,8 +159,15 @@ std::string transport() {
   return t;
 }
 
+std::optional<TimeoutOverride> op_timeout_override() {
+  auto v = first_set("CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT");
+  if (!v) return std::nullopt;
+  return TimeoutOverride{v->first, v->second, parse_duration(v->first, v->second, std::chrono::seconds(1))};
+}
+
 milliseconds op_timeout() {
-  return duration_setting("CHORUS_TIMEOUT", "HCCL_EXEC_TIMEOUT", kDefaultTimeout);
+  auto set = op_timeout_override();
+  return set ? set->timeout : kDefaultTimeout;
 }
 
 milliseconds connect_timeout() {

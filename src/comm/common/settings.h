@@ -10,8 +10,17 @@
 
 namespace chorus::settings {
 
-// CHORUS_TIMEOUT, else HCCL_EXEC_TIMEOUT (seconds), default 30 min. Durations accept
-// a plain number of seconds or a suffix: ms, s, m, h.
+// CHORUS_TIMEOUT, else HCCL_EXEC_TIMEOUT (seconds): the deadline of each operation
+// that the operator sets, overriding any a program passes (CommOptions::from_env(
+// timeout)); nullopt when neither is set. Durations accept a plain number of seconds or
+// a suffix: ms, s, m, h.
+struct TimeoutOverride {
+  std::string variable;  // the one that is set
+  std::string value;     // its text
+  std::chrono::milliseconds timeout;
+};
+std::optional<TimeoutOverride> op_timeout_override();
+// op_timeout_override()'s timeout, default 30 min.
 std::chrono::milliseconds op_timeout();
 // CHORUS_CONNECT_TIMEOUT, else HCCL_CONNECT_TIMEOUT (seconds), default 120 s.
 std::chrono::milliseconds connect_timeout();

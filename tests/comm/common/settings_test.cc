@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <optional>
@@ -10,6 +11,7 @@
 
 #include "chorus/communicator.h"
 #include "chorus/error.h"
+#include "comm/common/logging.h"
 #include "comm/common/settings.h"
 #include "comm/common/socket.h"
 #include "comm/reduce/reduce.h"
@@ -130,6 +132,42 @@ TEST_F(SettingsTest, ChorusNamesWinOverHcclFallbacks) {
   env_.set("CHORUS_IF_IP", "127.0.0.8");
   EXPECT_EQ(settings::if_ip(), "127.0.0.8");
   EXPECT_EQ(CommOptions::from_env().listen_address, "127.0.0.8");
+}
+
+// The timeout a front end passes (init_process_group's) applies unless the operator
+// set CHORUS_TIMEOUT, else HCCL_EXEC_TIMEOUT: that one then does, and one warning line
+// says so where the two differ (issue 43).
+TEST_F(SettingsTest, TimeoutVariablesOverrideAFrontEndsTimeout) {
+  ASSERT_TRUE(log::enabled(log::kWarn)) << "CHORUS_LOG_LEVEL and CHORUS_DEBUG are unset";
+  std::string logged;
+  auto applied = [&](milliseconds asked) {
+    testing::internal::CaptureStderr();
+    const milliseconds timeout = CommOptions::from_env(asked).timeout;
+    logged = testing::internal::GetCapturedStderr();
+    return timeout;
+  };
+  EXPECT_FALSE(settings::op_timeout_override());
+  EXPECT_EQ(applied(milliseconds(20000)), milliseconds(20000));
+  EXPECT_EQ(logged, "");
+
+  env_.set("HCCL_EXEC_TIMEOUT", "40");
+  EXPECT_EQ(applied(milliseconds(20000)), milliseconds(40000));
+  EXPECT_NE(logged.find("HCCL_EXEC_TIMEOUT=40 (40000 ms) applies to every operation, not "
+                        "the timeout the program asked for (20000 ms)"),
+            std::string::npos)
+      << logged;
+
+  env_.set("CHORUS_TIMEOUT", "5s");
+  const auto set = settings::op_timeout_override();
+  ASSERT_TRUE(set);
+  EXPECT_EQ(set->variable, "CHORUS_TIMEOUT");
+  EXPECT_EQ(set->value, "5s");
+  EXPECT_EQ(set->timeout, milliseconds(5000));
+  EXPECT_EQ(applied(milliseconds(20000)), milliseconds(5000));
+  EXPECT_NE(logged.find("CHORUS_TIMEOUT=5s (5000 ms) applies"), std::string::npos) << logged;
+  EXPECT_EQ(std::count(logged.begin(), logged.end(), '\n'), 1) << logged;
+  EXPECT_EQ(applied(milliseconds(5000)), milliseconds(5000));
+  EXPECT_EQ(logged, "") << "nothing to say when the two agree";
 }
 
 TEST_F(SettingsTest, BadValuesNameTheVariable) {
