@@ -14,10 +14,12 @@ using ::c10d::OpType;
 
 ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                        int size, std::chrono::milliseconds timeout)
-    : BackendBase(rank, size), timeout_(timeout), comms_(std::make_shared<Comms>()) {
-  CommOptions options = CommOptions::from_env();
-  options.timeout = timeout;
-  options.connect_timeout = std::min(options.connect_timeout, timeout);
+    : BackendBase(rank, size), comms_(std::make_shared<Comms>()) {
+  // CHORUS_TIMEOUT, when set, wins over `timeout` (and says so): timeout_ is the one
+  // that applies, which the per-call and setTimeout() checks compare with.
+  CommOptions options = CommOptions::from_env(timeout);
+  timeout_ = options.timeout;
+  options.connect_timeout = std::min(options.connect_timeout, timeout_);
   auto chorus_store = std::make_shared<C10dStore>(store);
   chorus_store->set_timeout(options.connect_timeout);
   options.comm_id = "torch";
@@ -452,7 +454,8 @@ void ProcessGroupChorus::setTimeout(std::chrono::milliseconds timeout) {
   if (timeout == timeout_) return;
   refuse("setTimeout", "the chorus group's timeout (" + std::to_string(timeout_.count()) +
                            " ms) is fixed when it connects; " + std::to_string(timeout.count()) +
-                           " ms cannot be set afterwards (pass it to init_process_group or new_group)");
+                           " ms cannot be set afterwards (pass it to init_process_group or "
+                           "new_group; CHORUS_TIMEOUT or HCCL_EXEC_TIMEOUT, when set, wins)");
 }
 #endif
 

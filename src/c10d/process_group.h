@@ -3,7 +3,10 @@
 // Created by torch_chorus's backend creator with the store, rank, size and timeout that
 // init_process_group / new_group pass; creation is collective and returns once the
 // group is connected (within the connect timeout: CHORUS_CONNECT_TIMEOUT, else 120 s,
-// and never longer than `timeout`). `timeout` is every operation's deadline.
+// and never longer than the group's timeout). The group's timeout, every operation's
+// deadline, is `timeout` unless CHORUS_TIMEOUT (else HCCL_EXEC_TIMEOUT) is set: the
+// operator's override then applies, and a `timeout` that differs is logged as
+// overridden (CommOptions::from_env(timeout)).
 //
 // Tensors: CPU only; any layout (non-contiguous tensors are staged through a contiguous
 // copy and written back). Reductions take float32/64, float16, bfloat16, int8, uint8,
@@ -107,8 +110,8 @@ class ProcessGroupChorus : public BackendBase {
   Ptr endCoalescing() override;
   // abort(): every pending and later operation fails at once (the communicators are
   // aborted); shutdown() (destroy_process_group): pending operations finish, each
-  // within the timeout. setTimeout() is refused unless it names the group's timeout:
-  // the deadline is fixed when the group connects.
+  // within the timeout. setTimeout() is refused unless it names the group's timeout
+  // (the one that applies): the deadline is fixed when the group connects.
   void abort() override;
   void shutdown() override;
   void setTimeout(std::chrono::milliseconds timeout) override;

@@ -177,7 +177,9 @@ void check_timeout(std::chrono::milliseconds requested, std::chrono::millisecond
   if (requested != ::c10d::kUnsetTimeout && requested != group) {
     refuse(op, "a per-call timeout (" + std::to_string(requested.count()) +
                    " ms) is not supported; the group's timeout (" +
-                   std::to_string(group.count()) + " ms, init_process_group's timeout) applies");
+                   std::to_string(group.count()) +
+                   " ms: CHORUS_TIMEOUT's or HCCL_EXEC_TIMEOUT's when set, else "
+                   "init_process_group's) applies");
   }
 }
 

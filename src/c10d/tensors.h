@@ -35,7 +35,8 @@ void check_like(const at::Tensor& t, const at::Tensor& like, const std::string& 
 // `list` has `expected` tensors, each like `like`.
 void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t expected,
                 const std::string& op, const std::string& what, const std::string& like_what);
-// Only the group's timeout applies: a different per-call one is refused.
+// Only the group's timeout applies (`group`: the one that does, CHORUS_TIMEOUT's when
+// set): a different per-call one is refused.
 void check_timeout(std::chrono::milliseconds requested, std::chrono::milliseconds group,
                    const std::string& op);
 void check_root(int64_t root, int size, const std::string& op);

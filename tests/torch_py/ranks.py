@@ -28,13 +28,17 @@ class Rank:
 def start(script, world_size, args=(), env=None, nodes=1, rank_env=None):
     """Starts `world_size` ranks of `script`; with nodes > 1 the ranks are split into
     that many simulated nodes (CHORUS_NODE_ID), which talk tcp to each other.
-    `rank_env(rank)` adds variables of one rank."""
+    `env` adds variables (None: unset it), `rank_env(rank)` those of one rank."""
     port = free_port()
     ranks = []
     per_node = world_size // nodes
     for r in range(world_size):
         e = dict(os.environ)
-        e.update(env or {})
+        for name, value in (env or {}).items():
+            if value is None:
+                e.pop(name, None)
+            else:
+                e[name] = value
         e.update(RANK=str(r), WORLD_SIZE=str(world_size), LOCAL_RANK=str(r % per_node),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         if nodes > 1:

@@ -109,10 +109,10 @@ class Failures(unittest.TestCase):
     """A rank that dies or stops mid-training: every other rank raises, naming the
     operation, the rank and the host, and its group stays broken."""
 
-    def run_victim(self, mode, n, nodes, timeout_s):
+    def run_victim(self, mode, n, nodes, timeout_s, env=None):
         d = tempfile.mkdtemp()
         rs = ranks.start("failure_worker.py", n, [mode, str(n - 1), str(timeout_s)],
-                         env=dict(ENV, CHORUS_PY_DIR=d), nodes=nodes)
+                         env={**ENV, "CHORUS_PY_DIR": d, **(env or {})}, nodes=nodes)
         survivors = ranks.finish(rs[:-1], 120)
         rs[-1].proc.kill()
         ranks.finish(rs[-1:], 30)
@@ -139,6 +139,44 @@ class Failures(unittest.TestCase):
     def test_stopped_rank_times_out(self):
         for r, seconds, line in self.run_victim("stop", 3, 1, 3):
             self.assertTrue("timed out" in line or "aborted" in line, line)
+
+    def test_stopped_rank_times_out_at_chorus_timeout(self):
+        # CHORUS_TIMEOUT wins over init_process_group's 600 s, which would outlast the
+        # survivors' 120 s in run_victim.
+        for r, seconds, line in self.run_victim("stop", 3, 1, 600, env={"CHORUS_TIMEOUT": "3"}):
+            self.assertTrue("timed out" in line or "aborted" in line, line)
+            self.assertIn("CHORUS_TIMEOUT=3 (3000 ms) applies", r.err)
+
+
+class Timeouts(unittest.TestCase):
+    """init_process_group's timeout is the group's unless CHORUS_TIMEOUT (else
+    HCCL_EXEC_TIMEOUT) is set: the operator's override then applies, and each rank says
+    so in one warning line. timeout_worker.py checks which timeout the group accepts
+    for a per-call timeout and setTimeout (the one that applies, only)."""
+
+    # Neither variable, and warnings logged, whatever the caller's environment holds.
+    CLEAN = {"CHORUS_TIMEOUT": None, "HCCL_EXEC_TIMEOUT": None, "CHORUS_LOG_LEVEL": None,
+             "CHORUS_DEBUG": None}
+
+    def run_worker(self, asked, applies, **env):
+        rs = ranks.run("timeout_worker.py", 2, [str(asked), str(applies)],
+                       env={**ENV, **self.CLEAN, **env})
+        ok(self, rs, "timeout ok")
+        return rs
+
+    def test_init_process_groups_timeout_applies_without_the_variables(self):
+        for r in self.run_worker(20, 20):
+            self.assertNotIn("applies to every operation", r.err, ranks.report([r]))
+
+    def test_chorus_timeout_wins_and_says_so_once(self):
+        for r in self.run_worker(20, 45, CHORUS_TIMEOUT="45"):
+            self.assertEqual(r.err.count("CHORUS_TIMEOUT=45 (45000 ms) applies to every operation, "
+                                         "not the timeout the program asked for (20000 ms)"), 1,
+                             ranks.report([r]))
+
+    def test_hccl_exec_timeout_is_the_fallback(self):
+        for r in self.run_worker(20, 7, HCCL_EXEC_TIMEOUT="7"):
+            self.assertIn("HCCL_EXEC_TIMEOUT=7 (7000 ms) applies", r.err, ranks.report([r]))
 
 
 class Seeds(unittest.TestCase):
