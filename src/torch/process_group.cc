@@ -35,6 +35,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::from_env() {
   return std::make_shared<ProcessGroup>(Communicator::from_env());
 }
 
+std::shared_ptr<ProcessGroup> ProcessGroup::from_env(std::chrono::milliseconds timeout) {
+  return std::make_shared<ProcessGroup>(Communicator::from_env(CommOptions::from_env(timeout)));
+}
+
 std::optional<DataType> to_chorus_dtype(at::ScalarType type) {
   switch (type) {
     case at::kFloat: return DataType::kFloat32;

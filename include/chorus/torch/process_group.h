@@ -10,6 +10,7 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -23,10 +24,18 @@ std::optional<DataType> to_chorus_dtype(at::ScalarType type);
 
 class ProcessGroup {
  public:
+  // Over `comm` (not null), with the options it was created with.
   explicit ProcessGroup(std::shared_ptr<Communicator> comm);
 
-  // init_process_group("env://"): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+  // init_process_group("env://"): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and the
+  // rest of the environment (CommOptions::from_env()): every operation's deadline is
+  // CHORUS_TIMEOUT, else HCCL_EXEC_TIMEOUT, else 30 min.
   static std::shared_ptr<ProcessGroup> from_env();
+  // init_process_group("env://", timeout=...): the same with `timeout` as every
+  // operation's deadline, unless CHORUS_TIMEOUT (else HCCL_EXEC_TIMEOUT) is set: the
+  // operator's override then applies, and where it differs from `timeout` one warning
+  // line says so (CommOptions::from_env(timeout)).
+  static std::shared_ptr<ProcessGroup> from_env(std::chrono::milliseconds timeout);
 
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
