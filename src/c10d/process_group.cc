@@ -15,11 +15,12 @@ using ::c10d::OpType;
 ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                        int size, std::chrono::milliseconds timeout)
     : BackendBase(rank, size), comms_(std::make_shared<Comms>()) {
-  // CHORUS_TIMEOUT, when set, wins over `timeout` (and says so): timeout_ is the one
-  // that applies, which the per-call and setTimeout() checks compare with.
+  // CHORUS_TIMEOUT, when set, wins over `timeout` (and says so): timeout_.applies is
+  // the one every operation ends by; the per-call and setTimeout() checks accept it and
+  // the program's own (torch passes the group's back on some calls).
   CommOptions options = CommOptions::from_env(timeout);
-  timeout_ = options.timeout;
-  options.connect_timeout = std::min(options.connect_timeout, timeout_);
+  timeout_ = GroupTimeout{options.timeout, timeout};
+  options.connect_timeout = std::min(options.connect_timeout, timeout_.applies);
   auto chorus_store = std::make_shared<C10dStore>(store);
   chorus_store->set_timeout(options.connect_timeout);
   options.comm_id = "torch";
@@ -451,8 +452,8 @@ void ProcessGroupChorus::shutdown() {
 }
 
 void ProcessGroupChorus::setTimeout(std::chrono::milliseconds timeout) {
-  if (timeout == timeout_) return;
-  refuse("setTimeout", "the chorus group's timeout (" + std::to_string(timeout_.count()) +
+  if (timeout_.is(timeout)) return;
+  refuse("setTimeout", "the chorus group's timeout (" + std::to_string(timeout_.applies.count()) +
                            " ms) is fixed when it connects; " + std::to_string(timeout.count()) +
                            " ms cannot be set afterwards (pass it to init_process_group or "
                            "new_group; CHORUS_TIMEOUT or HCCL_EXEC_TIMEOUT, when set, wins)");

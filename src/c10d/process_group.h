@@ -33,6 +33,7 @@
 
 #include <atomic>
 
+#include "c10d/tensors.h"
 #include "c10d/work.h"
 
 namespace chorus::c10d_backend {
@@ -131,7 +132,7 @@ class ProcessGroupChorus : public BackendBase {
   Communicator& p2p_to(int peer) { return *comms_->p2p[rank_ < peer ? 0 : 1]; }
   Communicator& p2p_from(int peer) { return *comms_->p2p[peer < rank_ ? 0 : 1]; }
 
-  std::chrono::milliseconds timeout_;
+  GroupTimeout timeout_;
   std::shared_ptr<Comms> comms_;
   std::atomic<uint64_t> sequence_{0};
   std::shared_ptr<Completer> completer_;

@@ -172,12 +172,11 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, siz
   }
 }
 
-void check_timeout(std::chrono::milliseconds requested, std::chrono::milliseconds group,
-                   const std::string& op) {
-  if (requested != ::c10d::kUnsetTimeout && requested != group) {
+void check_timeout(std::chrono::milliseconds requested, const GroupTimeout& group, const std::string& op) {
+  if (requested != ::c10d::kUnsetTimeout && !group.is(requested)) {
     refuse(op, "a per-call timeout (" + std::to_string(requested.count()) +
                    " ms) is not supported; the group's timeout (" +
-                   std::to_string(group.count()) +
+                   std::to_string(group.applies.count()) +
                    " ms: CHORUS_TIMEOUT's or HCCL_EXEC_TIMEOUT's when set, else "
                    "init_process_group's) applies");
   }

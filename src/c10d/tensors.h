@@ -35,10 +35,15 @@ void check_like(const at::Tensor& t, const at::Tensor& like, const std::string& 
 // `list` has `expected` tensors, each like `like`.
 void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t expected,
                 const std::string& op, const std::string& what, const std::string& like_what);
-// Only the group's timeout applies (`group`: the one that does, CHORUS_TIMEOUT's when
-// set): a different per-call one is refused.
-void check_timeout(std::chrono::milliseconds requested, std::chrono::milliseconds group,
-                   const std::string& op);
+// A group's timeout: the one that applies (CHORUS_TIMEOUT's when set) and the one the
+// program gave (init_process_group's, new_group's), which torch may pass back per call.
+struct GroupTimeout {
+  std::chrono::milliseconds applies;
+  std::chrono::milliseconds asked;
+  bool is(std::chrono::milliseconds t) const { return t == applies || t == asked; }
+};
+// Only the group's timeout applies: a per-call one other than the group's is refused.
+void check_timeout(std::chrono::milliseconds requested, const GroupTimeout& group, const std::string& op);
 void check_root(int64_t root, int size, const std::string& op);
 // One tensor per process: only root tensor 0.
 void check_root_tensor(int64_t root_tensor, const std::string& op);

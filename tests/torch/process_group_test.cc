@@ -64,7 +64,9 @@ TEST_F(FromEnvTimeout, ChorusTimeoutWinsAndSaysSo) {
 TEST_F(FromEnvTimeout, HcclExecTimeoutIsTheFallback) {
   env_.set("HCCL_EXEC_TIMEOUT", "7");
   EXPECT_EQ(applied(20s), 7s);
-  if (test::warnings_logged()) EXPECT_TRUE(said("HCCL_EXEC_TIMEOUT=7 (7000 ms) applies")) << logged_;
+  if (test::warnings_logged()) {
+    EXPECT_TRUE(said("HCCL_EXEC_TIMEOUT=7 (7000 ms) applies")) << logged_;
+  }
 }
 
 }  // namespace
