@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "chorus/shared_memory.h"
-#include "comm/transport/shm/memory_file.h"
+#include "comm/shared/memory_file.h"
 
 namespace chorus::c10d_backend {
 namespace {
@@ -70,7 +70,7 @@ SharedAllocations::SharedAllocations() { ++scope_depth; }
 SharedAllocations::~SharedAllocations() { --scope_depth; }
 
 bool in_shared_memory(const void* data, size_t bytes) {
-  return static_cast<bool>(transport::shm::find_shared(data, bytes));
+  return static_cast<bool>(shared::find_shared(data, bytes));
 }
 
 }  // namespace chorus::c10d_backend

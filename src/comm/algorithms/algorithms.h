@@ -9,7 +9,7 @@
 #include <span>
 
 #include "comm/algorithms/context.h"
-#include "comm/transport/shm/memory_file.h"
+#include "comm/shared/memory_file.h"
 
 namespace chorus::algorithms {
 
@@ -113,13 +113,13 @@ void alltoallv_agreed(const Context& ctx, transport::shm::NodeGroup* g, const vo
 // ranks other than the root; in place is `in` == `out` (reduce_scatter: out == in's
 // block of this rank; allgather: in == out's block of this rank).
 void shared_allreduce(const Context& ctx, transport::shm::NodeGroup& g,
-                      const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                      const shared::SharedRef& in, const shared::SharedRef& out,
                       size_t count, bool avg);
 // The same run at issue (the communicator's inline path): _start() enters the call and,
 // when every rank has entered within `polls` polls, finishes it (true); otherwise it
 // returns false and _finish() completes the call later, as shared_allreduce() would.
 bool shared_allreduce_start(const Context& ctx, transport::shm::NodeGroup& g,
-                            const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                            const shared::SharedRef& in, const shared::SharedRef& out,
                             size_t count, bool avg, int polls);
 void shared_allreduce_finish(const Context& ctx, transport::shm::NodeGroup& g, size_t count, bool avg);
 // The communicator runs it whole at issue up to Tuning::shared_allreduce_at_issue_bytes.
@@ -129,16 +129,16 @@ void shared_allreduce_finish(const Context& ctx, transport::shm::NodeGroup& g, s
 // peers still compute (DDP's first bucket, reduced by the rank whose backward pass ended
 // first). Every rank of the node decides alike.
 bool shared_allreduce_arrives_at_issue(const Tuning& t, const transport::shm::NodeGroup& g, size_t bytes);
-void shared_allreduce_arrive(transport::shm::NodeGroup& g, const transport::shm::SharedRef& in,
-                             const transport::shm::SharedRef& out, size_t count);
+void shared_allreduce_arrive(transport::shm::NodeGroup& g, const shared::SharedRef& in,
+                             const shared::SharedRef& out, size_t count);
 void shared_reduce_scatter(const Context& ctx, transport::shm::NodeGroup& g,
-                           const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                           const shared::SharedRef& in, const shared::SharedRef& out,
                            size_t recv_count, bool avg);
 void shared_allgather(const Context& ctx, transport::shm::NodeGroup& g,
-                      const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                      const shared::SharedRef& in, const shared::SharedRef& out,
                       size_t count);
 void shared_broadcast(const Context& ctx, transport::shm::NodeGroup& g,
-                      const transport::shm::SharedRef& in, const transport::shm::SharedRef& out,
+                      const shared::SharedRef& in, const shared::SharedRef& out,
                       size_t count, int root);
 
 // ---- hierarchical (nodes of ctx.topology; hierarchical.cc): the contracts of the flat

@@ -48,7 +48,7 @@ bool CommunicatorImpl::direct_path(Call& call) const {
   if (!direct_path_possible()) return false;
   // First whether the buffers are node-shared: without the lock, and without the model,
   // where the process has none.
-  call.out_ref = transport::shm::find_shared(call.recv, call.out_bytes);
+  call.out_ref = shared::find_shared(call.recv, call.out_bytes);
   if (!call.out_ref) return false;
   // The model knows the path (predicted_shared_us): it is taken where it is predicted
   // no slower than the segment path; with the built-in parameters from about 16 KiB
@@ -59,7 +59,7 @@ bool CommunicatorImpl::direct_path(Call& call) const {
     return false;
   }
   if (call.what == Collective::kBroadcast && call.root != rank_) return true;  // no input off the root
-  call.in_ref = transport::shm::find_shared(call.send, call.in_bytes);
+  call.in_ref = shared::find_shared(call.send, call.in_bytes);
   return static_cast<bool>(call.in_ref);
 }
 

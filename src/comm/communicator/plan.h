@@ -14,7 +14,7 @@
 #include "chorus/communicator.h"
 #include "comm/algorithms/context.h"
 #include "comm/communicator/cost_model.h"
-#include "comm/transport/shm/memory_file.h"
+#include "comm/shared/memory_file.h"
 
 namespace chorus::internal {
 
@@ -39,7 +39,7 @@ struct Call {
   // allgatherv: recv_counts and their offsets; alltoallv: all four.
   std::vector<size_t> send_counts, send_displs, recv_counts, recv_displs;
   // The direct path's node-shared spans (Plan::direct), found by plan_for().
-  transport::shm::SharedRef in_ref, out_ref;
+  shared::SharedRef in_ref, out_ref;
 };
 
 // What a row can run at issue on the calling thread: true when it finished the

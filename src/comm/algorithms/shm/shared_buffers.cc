@@ -31,7 +31,7 @@ namespace chorus::algorithms {
 using transport::wire_code;
 using transport::shm::kSharedStep;
 using transport::shm::NodeGroup;
-using transport::shm::SharedRef;
+using shared::SharedRef;
 
 namespace {
 

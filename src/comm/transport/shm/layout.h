@@ -119,7 +119,7 @@ struct ShmGroup::Control {
   OpDesc desc[2];                // by phase parity: a fast peer may publish the next one
   uint64_t in_addr, out_addr;    // publish_buffers(): the current operation's buffers
   uint64_t probe_addr, probe_value;  // set-up: where this rank's probe cookie is, and its value
-  SharedRef shared[2];           // publish_shared(): the operation's send and recv
+  shared::SharedRef shared[2];   // publish_shared(): the operation's send and recv
   // What this rank waits in, in the streams (publish_waiting()): written under a
   // sequence lock, `waiting_version` odd while it changes.
   alignas(64) uint64_t waiting_version;

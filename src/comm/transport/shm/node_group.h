@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "comm/transport/shm/memory_file.h"
+#include "comm/shared/memory_file.h"
 
 namespace chorus::transport::shm {
 
@@ -86,9 +86,9 @@ class NodeGroup {
   virtual void read_peer(int i, uint64_t from, void* to, size_t bytes) = 0;
 
   // Node-shared buffers (include/chorus/shared_memory.h): publishes where this rank's
-  // send and recv of the current operation lie (memory_file.h); visible to the peers
+  // send and recv of the current operation lie (comm/shared/memory_file.h); visible to the peers
   // after the next arrive().
-  virtual void publish_shared(const SharedRef& send, const SharedRef& recv) = 0;
+  virtual void publish_shared(const shared::SharedRef& send, const shared::SharedRef& recv) = 0;
   // Local rank i's published send (`which` 0) or recv (1), in this process: its file
   // is mapped on first use. One that cannot be becomes PeerError naming the operation
   // and both ranks.

@@ -16,9 +16,9 @@ PeerFiles::~PeerFiles() {
   for (auto& [key, f] : files_) munmap(f.base, f.bytes);
 }
 
-uint8_t* PeerFiles::map(const SharedRef& ref, std::string& error) {
-  if (ref.pid == this_pid()) {
-    uint8_t* own = own_file(ref.id);
+uint8_t* PeerFiles::map(const shared::SharedRef& ref, std::string& error) {
+  if (ref.pid == shared::this_pid()) {
+    uint8_t* own = shared::own_file(ref.id);
     if (own == nullptr) error = "this process holds no node-shared buffer " + std::to_string(ref.id) + " (freed?)";
     return own;
   }
@@ -44,8 +44,8 @@ uint8_t* PeerFiles::map(const SharedRef& ref, std::string& error) {
     error = "mapping " + path + " failed: " + std::strerror(err);
     return nullptr;
   }
-  auto* h = static_cast<FileHeader*>(p);
-  if (h->magic != kFileMagic || h->id != ref.id ||
+  auto* h = static_cast<shared::FileHeader*>(p);
+  if (h->magic != shared::kFileMagic || h->id != ref.id ||
       std::atomic_ref<uint32_t>(h->freed).load(std::memory_order_acquire) != 0) {
     error = path + " holds another or a freed buffer, not buffer " + std::to_string(ref.id);
     munmap(p, ref.map_bytes);
@@ -57,7 +57,7 @@ uint8_t* PeerFiles::map(const SharedRef& ref, std::string& error) {
 
 void PeerFiles::sweep() {
   for (auto it = files_.begin(); it != files_.end();) {
-    auto* h = reinterpret_cast<FileHeader*>(it->second.base);
+    auto* h = reinterpret_cast<shared::FileHeader*>(it->second.base);
     if (std::atomic_ref<uint32_t>(h->freed).load(std::memory_order_acquire) != 0) {
       munmap(it->second.base, it->second.bytes);
       it = files_.erase(it);

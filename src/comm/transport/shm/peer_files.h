@@ -1,6 +1,6 @@
-// The local peers' node-shared buffers (memory_file.h) as this process maps them, kept
-// from one collective to the next: a DDP bucket is mapped once, at its first direct
-// collective, not at every one.
+// The local peers' node-shared buffers (comm/shared/memory_file.h) as this process maps
+// them, kept from one collective to the next: a DDP bucket is mapped once, at its first
+// direct collective, not at every one.
 //
 // A peer of this very process (ranks that are threads, in tests) needs no mapping: its
 // buffer is found in the registry, at the address its owner uses, which is also what
@@ -14,7 +14,7 @@
 #include <string>
 #include <utility>
 
-#include "comm/transport/shm/memory_file.h"
+#include "comm/shared/memory_file.h"
 
 namespace chorus::transport::shm {
 
@@ -27,7 +27,7 @@ class PeerFiles {
 
   // The start (header page) of `ref`'s file in this process, mapping it on first use.
   // On failure returns null with `error` saying what failed and why.
-  uint8_t* map(const SharedRef& ref, std::string& error);
+  uint8_t* map(const shared::SharedRef& ref, std::string& error);
   // Unmaps the files whose owners have freed them.
   void sweep();
 

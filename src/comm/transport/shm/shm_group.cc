@@ -177,7 +177,7 @@ void ShmGroup::publish_buffers(const void* in, void* out) {
 
 uint64_t ShmGroup::peer_in(int i) const { return control(i).in_addr; }
 
-void ShmGroup::publish_shared(const SharedRef& send, const SharedRef& recv) {
+void ShmGroup::publish_shared(const shared::SharedRef& send, const shared::SharedRef& recv) {
   peer_files_.sweep();  // the files of buffers freed since the last direct collective
   Control& mine = control(local_rank_);
   mine.shared[0] = send;
@@ -185,7 +185,7 @@ void ShmGroup::publish_shared(const SharedRef& send, const SharedRef& recv) {
 }
 
 uint8_t* ShmGroup::peer_shared(int i, int which) {
-  const SharedRef ref = control(i).shared[which];
+  const shared::SharedRef ref = control(i).shared[which];
   std::string error;
   uint8_t* base = ref ? peer_files_.map(ref, error) : nullptr;
   if (base == nullptr) {

@@ -135,7 +135,7 @@ class ShmGroup final : public NodeGroup {
   void publish_buffers(const void* in, void* out) override;
   uint64_t peer_in(int i) const override;
   void read_peer(int i, uint64_t from, void* to, size_t bytes) override;
-  void publish_shared(const SharedRef& send, const SharedRef& recv) override;
+  void publish_shared(const shared::SharedRef& send, const shared::SharedRef& recv) override;
   uint8_t* peer_shared(int i, int which) override;
 
   // Communicator rank of local rank `i`.

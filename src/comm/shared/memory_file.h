@@ -1,19 +1,21 @@
-// Node-shared buffers (include/chorus/shared_memory.h) as the shared-memory transport
-// sees them: anonymous memory files (memfd) of this process, each a header page and
-// then the caller's bytes, registered process-wide so that a collective can tell
-// whether the pointers it was given lie in one, and which.
+// Node-shared buffers (include/chorus/shared_memory.h) as the rest of chorus_comm sees
+// them: anonymous memory files (memfd) of this process, each a header page and then the
+// caller's bytes, registered process-wide so that a collective can tell whether the
+// pointers it was given lie in one, and which. A layer of its own below transport/ and
+// algorithms/: both, and the communicator, ask it where a buffer lies.
 //
-// A peer maps a file by opening /proc/<owner pid>/fd/<fd> (peer_files.h); the owner
-// keeps the descriptor open for the buffer's life. The header page says which buffer
-// the file holds (a process-unique id, never reused, so that a descriptor number the
-// owner reuses for a later buffer cannot be mistaken for it) and whether the owner has
-// freed it, so that peers drop their mappings of freed buffers.
+// A peer maps a file by opening /proc/<owner pid>/fd/<fd> (the shared-memory
+// transport's transport/shm/peer_files.h); the owner keeps the descriptor open for the
+// buffer's life. The header page says which buffer the file holds (a process-unique id,
+// never reused, so that a descriptor number the owner reuses for a later buffer cannot
+// be mistaken for it) and whether the owner has freed it, so that peers drop their
+// mappings of freed buffers.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-namespace chorus::transport::shm {
+namespace chorus::shared {
 
 inline constexpr uint64_t kFileMagic = 0x6c69662d73756f68ULL;  // "hous-fil"
 inline constexpr size_t kFileHeaderBytes = 4096;
@@ -49,4 +51,4 @@ SharedRef find_shared(const void* p, size_t bytes);
 // when this process holds no such buffer (any more).
 uint8_t* own_file(uint64_t id);
 
-}  // namespace chorus::transport::shm
+}  // namespace chorus::shared

@@ -1,6 +1,6 @@
 // chorus::allocate_shared() and the process-wide registry of node-shared buffers
 // (memory_file.h).
-#include "comm/transport/shm/memory_file.h"
+#include "comm/shared/memory_file.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -26,7 +26,7 @@ struct SharedBuffer::Private {
   uint64_t id = 0;
 };
 
-namespace transport::shm {
+namespace shared {
 namespace {
 
 struct Entry {
@@ -100,9 +100,7 @@ uint8_t* own_file(uint64_t id) {
   return it == r.by_id.end() ? nullptr : it->second;
 }
 
-}  // namespace transport::shm
-
-namespace shm = transport::shm;
+}  // namespace shared
 
 std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes) {
   if (bytes == 0) throw InvalidArgumentError("allocate_shared: 0 bytes");
@@ -111,11 +109,11 @@ std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes) {
     throw InvalidArgumentError("allocate_shared: " + std::to_string(bytes) + " bytes is too large");
   }
   auto f = std::make_unique<SharedBuffer::Private>();
-  f->map_bytes = shm::kFileHeaderBytes + (bytes + page - 1) / page * page;
-  f->id = shm::next_id.fetch_add(1);
+  f->map_bytes = shared::kFileHeaderBytes + (bytes + page - 1) / page * page;
+  f->id = shared::next_id.fetch_add(1);
   // Close-on-exec: a child the caller starts must not keep the memory alive.
   f->fd = memfd_create("chorus-shared", MFD_CLOEXEC);
-  if (f->fd < 0) shm::fail("memfd_create", bytes, errno);
+  if (f->fd < 0) shared::fail("memfd_create", bytes, errno);
   auto cleanup = [&] {
     if (f->base != nullptr) munmap(f->base, f->map_bytes);
     close(f->fd);
@@ -123,33 +121,33 @@ std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes) {
   if (ftruncate(f->fd, static_cast<off_t>(f->map_bytes)) != 0) {
     const int err = errno;
     cleanup();
-    shm::fail("sizing the memory file", bytes, err);
+    shared::fail("sizing the memory file", bytes, err);
   }
   // Reserve the pages now: out of memory is this error, not a SIGBUS on first touch.
   if (const int err = posix_fallocate(f->fd, 0, static_cast<off_t>(f->map_bytes)); err != 0) {
     cleanup();
-    shm::fail("reserving the memory file's pages", bytes, err);
+    shared::fail("reserving the memory file's pages", bytes, err);
   }
   void* p = mmap(nullptr, f->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     cleanup();
-    shm::fail("mapping the memory file", bytes, err);
+    shared::fail("mapping the memory file", bytes, err);
   }
   f->base = static_cast<uint8_t*>(p);
-  auto* h = reinterpret_cast<shm::FileHeader*>(f->base);
-  h->magic = shm::kFileMagic;
+  auto* h = reinterpret_cast<shared::FileHeader*>(f->base);
+  h->magic = shared::kFileMagic;
   h->id = f->id;
   h->bytes = bytes;
   std::atomic_ref<uint32_t>(h->freed).store(0, std::memory_order_release);
-  uint8_t* data = f->base + shm::kFileHeaderBytes;
+  uint8_t* data = f->base + shared::kFileHeaderBytes;
   const SharedBuffer::Private* file = f.get();
   std::shared_ptr<SharedBuffer> buffer(new SharedBuffer(std::move(f)));
   buffer->data_ = data;
   buffer->size_ = bytes;
-  shm::Registry& r = shm::registry();
+  shared::Registry& r = shared::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.by_data[reinterpret_cast<uintptr_t>(data)] = shm::Entry{bytes, file};
+  r.by_data[reinterpret_cast<uintptr_t>(data)] = shared::Entry{bytes, file};
   r.live.store(r.by_data.size(), std::memory_order_release);
   r.by_id[file->id] = file->base;
   return buffer;
@@ -159,14 +157,14 @@ SharedBuffer::SharedBuffer(std::unique_ptr<Private> impl) : impl_(std::move(impl
 
 SharedBuffer::~SharedBuffer() {
   {
-    shm::Registry& r = shm::registry();
+    shared::Registry& r = shared::registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     r.by_data.erase(reinterpret_cast<uintptr_t>(data_));
     r.live.store(r.by_data.size(), std::memory_order_release);
     r.by_id.erase(impl_->id);
   }
   // Peers that mapped the file drop their mappings when they next look (peer_files.h).
-  auto* h = reinterpret_cast<shm::FileHeader*>(impl_->base);
+  auto* h = reinterpret_cast<shared::FileHeader*>(impl_->base);
   std::atomic_ref<uint32_t>(h->freed).store(1, std::memory_order_release);
   munmap(impl_->base, impl_->map_bytes);
   close(impl_->fd);
