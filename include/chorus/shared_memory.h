@@ -77,4 +77,11 @@ class SharedBuffer {
 // the process's memory limits), so running out of memory is this error, not a SIGBUS.
 std::shared_ptr<SharedBuffer> allocate_shared(size_t bytes);
 
+// Whether all of [data, data + bytes) lies in one SharedBuffer of this process that is
+// still alive, as a collective on that span would find it: a span across two buffers,
+// or past one's size(), is not. A span of 0 bytes asks about the byte at `data`. Any
+// thread, any time; no communication, and no lock while the process holds no
+// SharedBuffer. The answer holds for as long as that buffer lives.
+bool in_shared_memory(const void* data, size_t bytes);
+
 }  // namespace chorus

@@ -7,6 +7,7 @@
 
 #include "c10d/process_group.h"
 #include "c10d/shared_allocator.h"
+#include "chorus/shared_memory.h"
 
 namespace py = pybind11;
 using chorus::c10d_backend::ProcessGroupChorus;
@@ -58,7 +59,7 @@ PYBIND11_MODULE(_C, m) {
       "in_shared_memory",
       [](const at::Tensor& t) {
         const c10::Storage& storage = t.storage();
-        return storage.data() != nullptr && backend::in_shared_memory(storage.data(), storage.nbytes());
+        return storage.data() != nullptr && chorus::in_shared_memory(storage.data(), storage.nbytes());
       },
       py::arg("tensor"), "Whether the tensor's storage is node-shared memory of this process.");
 }

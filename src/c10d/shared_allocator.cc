@@ -6,7 +6,6 @@
 #include <memory>
 
 #include "chorus/shared_memory.h"
-#include "comm/shared/memory_file.h"
 
 namespace chorus::c10d_backend {
 namespace {
@@ -68,9 +67,5 @@ bool install_shared_allocator() {
 
 SharedAllocations::SharedAllocations() { ++scope_depth; }
 SharedAllocations::~SharedAllocations() { --scope_depth; }
-
-bool in_shared_memory(const void* data, size_t bytes) {
-  return static_cast<bool>(shared::find_shared(data, bytes));
-}
 
 }  // namespace chorus::c10d_backend

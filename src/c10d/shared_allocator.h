@@ -38,7 +38,4 @@ class SharedAllocations {
   SharedAllocations& operator=(const SharedAllocations&) = delete;
 };
 
-// Whether [data, data + bytes) lies in a node-shared buffer of this process.
-bool in_shared_memory(const void* data, size_t bytes);
-
 }  // namespace chorus::c10d_backend

@@ -14,7 +14,6 @@
 
 #include "chorus/chorus.h"
 #include "chorus/torch/ddp.h"
-#include "comm/shared/memory_file.h"
 #include "util/ranks.h"
 
 namespace chorus::torch_ext {
@@ -79,7 +78,7 @@ void on_ranks(const Layout& layout, const std::function<void(int, std::shared_pt
 }
 
 bool in_shared_memory(const at::Tensor& t) {
-  return static_cast<bool>(shared::find_shared(t.data_ptr(), t.numel() * t.element_size()));
+  return chorus::in_shared_memory(t.data_ptr(), t.numel() * t.element_size());
 }
 
 struct Trained {

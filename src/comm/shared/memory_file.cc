@@ -1,5 +1,5 @@
-// chorus::allocate_shared() and the process-wide registry of node-shared buffers
-// (memory_file.h).
+// chorus::allocate_shared(), chorus::in_shared_memory() and the process-wide registry
+// of node-shared buffers (memory_file.h).
 #include "comm/shared/memory_file.h"
 
 #include <fcntl.h>
@@ -168,6 +168,10 @@ SharedBuffer::~SharedBuffer() {
   std::atomic_ref<uint32_t>(h->freed).store(1, std::memory_order_release);
   munmap(impl_->base, impl_->map_bytes);
   close(impl_->fd);
+}
+
+bool in_shared_memory(const void* data, size_t bytes) {
+  return static_cast<bool>(shared::find_shared(data, bytes));
 }
 
 }  // namespace chorus

@@ -1,13 +1,15 @@
 // Node-shared buffers themselves (include/chorus/shared_memory.h, src/comm/shared/):
-// allocation and release. The collectives on them are tested in
-// tests/comm/transport/shared_memory_test.cc.
+// allocation, release, and which spans lie in them. The collectives on them are
+// tested in tests/comm/transport/shared_memory_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "chorus/chorus.h"
@@ -58,6 +60,48 @@ TEST(SharedBuffer, AllocatesZeroedPageAlignedMemoryWithoutAName) {
 
 TEST(SharedBuffer, ZeroBytesIsAnArgumentError) {
   EXPECT_THROW(allocate_shared(0), InvalidArgumentError);
+}
+
+// Exactly the spans inside one buffer's size() are in shared memory: not the page's
+// rounded-up tail beyond it, not a byte before it.
+TEST(SharedBuffer, InSharedMemoryIsExactlyTheBuffersBytes) {
+  auto a = allocate_shared(10000);
+  const auto* p = static_cast<const uint8_t*>(a->data());
+  EXPECT_TRUE(in_shared_memory(p, 10000));
+  EXPECT_TRUE(in_shared_memory(p + 9999, 1));
+  EXPECT_TRUE(in_shared_memory(p + 5000, 0)) << "a span of 0 bytes asks about the byte at data";
+  EXPECT_FALSE(in_shared_memory(p, 10001)) << "past size(), in the mapping's last page";
+  EXPECT_FALSE(in_shared_memory(p + 10000, 0)) << "the byte after the last";
+  EXPECT_FALSE(in_shared_memory(p - 1, 2)) << "the byte before the first";
+}
+
+// A span in two buffers is in neither, whichever lies lower in memory.
+TEST(SharedBuffer, ASpanAcrossTwoBuffersIsNotInSharedMemory) {
+  auto a = allocate_shared(4096), b = allocate_shared(4096);
+  const auto* low = static_cast<const uint8_t*>(std::min(a->data(), b->data()));
+  const auto* high = static_cast<const uint8_t*>(std::max(a->data(), b->data()));
+  EXPECT_TRUE(in_shared_memory(low, 4096));
+  EXPECT_TRUE(in_shared_memory(high, 4096));
+  EXPECT_FALSE(in_shared_memory(low, static_cast<size_t>(high - low) + 1));
+}
+
+TEST(SharedBuffer, OrdinaryAndFreedMemoryIsNotInSharedMemory) {
+  std::vector<uint8_t> ordinary(10000);
+  EXPECT_FALSE(in_shared_memory(ordinary.data(), ordinary.size()));
+  EXPECT_FALSE(in_shared_memory(nullptr, 0));
+  auto a = allocate_shared(10000);
+  const void* p = a->data();
+  EXPECT_FALSE(in_shared_memory(ordinary.data(), ordinary.size())) << "with a buffer alive";
+  a.reset();
+  EXPECT_FALSE(in_shared_memory(p, 1)) << "a freed buffer's bytes";
+}
+
+// The registry is the process's: a buffer allocated on one thread is found from any.
+TEST(SharedBuffer, InSharedMemoryAnswersOnEveryThread) {
+  auto a = allocate_shared(10000);
+  bool found = false;
+  std::thread([&] { found = in_shared_memory(a->data(), a->size()); }).join();
+  EXPECT_TRUE(found);
 }
 
 }  // namespace
