@@ -7,10 +7,10 @@
 find_package(ZLIB REQUIRED)
 find_package(Threads REQUIRED)
 
+# Like chorus_torch_objects, the public headers only: src/ is not on its include path.
 file(GLOB CHORUS_TORCH_DATA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/torch/data/*.cc)
 add_library(chorus_torch_data_objects OBJECT ${CHORUS_TORCH_DATA_SOURCES})
 chorus_public_interface(chorus_torch_data_objects)
-target_include_directories(chorus_torch_data_objects PRIVATE ${CMAKE_SOURCE_DIR}/src)
 target_link_libraries(chorus_torch_data_objects PUBLIC ${TORCH_LIBRARIES} PRIVATE ZLIB::ZLIB Threads::Threads)
 add_library(chorus_torch_data STATIC $<TARGET_OBJECTS:chorus_torch_data_objects>)
 chorus_public_interface(chorus_torch_data)
