@@ -70,10 +70,10 @@ build_programs() {
 }
 
 # Every config computes with the same BLAS kernels: the ones chorus-mnist and
-# plain-libtorch-mnist pick for themselves (apps/chorus-mnist/models.h: on a CPU that
-# Debian's OpenBLAS does not know, its AVX-512 or AVX2 kernels instead of the generic
-# ones), exported as OPENBLAS_CORETYPE so that PyTorch loads them too. A value already
-# set is kept.
+# plain-libtorch-mnist pick for themselves (apps/chorus-mnist/process_tuning.h: on a
+# CPU that Debian's OpenBLAS does not know, its AVX-512 or AVX2 kernels instead of the
+# generic ones), exported as OPENBLAS_CORETYPE so that PyTorch loads them too. A value
+# already set is kept.
 choose_blas_kernels() {
   [[ -z ${OPENBLAS_CORETYPE:-} ]] || return 0
   local core

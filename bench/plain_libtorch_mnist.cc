@@ -20,7 +20,8 @@
 
 #include "chorus/torch/data.h"
 #include "lockstep.h"
-#include "models.h"  // apps/chorus-mnist/models.h
+#include "models.h"          // apps/chorus-mnist/models.h
+#include "process_tuning.h"  // apps/chorus-mnist/process_tuning.h
 
 namespace {
 

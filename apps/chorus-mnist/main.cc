@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -24,9 +25,10 @@
 #include "chorus/torch/checksum.h"
 #include "chorus/torch/data.h"
 #include "chorus/torch/ddp.h"
-#include "models.h"
-#include "progress.h"
 #include "chorus/version.h"
+#include "models.h"
+#include "process_tuning.h"
+#include "progress.h"
 
 namespace {
 
