@@ -17,8 +17,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "chorus/error.h"
 #include "chorus/torch/checkpoint.h"
@@ -246,23 +248,24 @@ TestResult evaluate(Model& model, std::shared_ptr<const chorus::data::MnistDatas
   return {correct / static_cast<double>(test->size()), loss / static_cast<double>(batches)};
 }
 
-template <class Model>
-int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, MetricsFile& metrics) {
-  const int rank = group->rank(), world = group->size();
-  auto train_set = load_split(a, chorus::data::Split::kTrain);
-  auto test_set = load_split(a, chorus::data::Split::kTest);
-  if (a.batch_size % world != 0) {
-    // The global batch is what a step trains on, at any world size (a job resumed on
-    // fewer or more ranks keeps it, so that it continues the same training).
-    std::fprintf(stderr,
-                 "chorus-mnist: the global batch (--batch-size %lld) is not divisible by the %d "
-                 "ranks; each rank trains on global batch / ranks samples per step\n",
-                 static_cast<long long>(a.batch_size), world);
-    return 2;
-  }
-  const int64_t batch = a.batch_size / world;
-  torch::optim::SGD optimizer(model->parameters(),
-                              torch::optim::SGDOptions(a.lr).momentum(a.momentum));
+// The datasets, both read first, so that a bad --data-dir fails before anything else.
+struct Data {
+  std::shared_ptr<const chorus::data::MnistDataset> train, test;
+};
+
+// Whether the global batch splits evenly across the ranks; says why not.
+bool batch_divides(const Args& a, int world) {
+  if (a.batch_size % world == 0) return true;
+  // The global batch is what a step trains on, at any world size (a job resumed on
+  // fewer or more ranks keeps it, so that it continues the same training).
+  std::fprintf(stderr,
+               "chorus-mnist: the global batch (--batch-size %lld) is not divisible by the %d "
+               "ranks; each rank trains on global batch / ranks samples per step\n",
+               static_cast<long long>(a.batch_size), world);
+  return false;
+}
+
+chorus::data::DistributedSamplerOptions sampler_options(const Args& a, int rank, int world) {
   chorus::data::DistributedSamplerOptions so;
   so.num_replicas = world;
   so.rank = rank;
@@ -272,229 +275,383 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
   // would pad when the world size does not divide n, and a last step could repeat
   // samples; the first floor(n / world) indices of every rank are the same either way.
   so.drop_last = true;
-  chorus::data::DistributedSampler sampler(train_set->size(), so);
-  chorus::torch_ext::TrainingState state;
-  const std::string ckpt = a.checkpoint_dir.empty() ? "" : a.checkpoint_dir + "/checkpoint.pt";
-  if (a.resume) {
-    if (auto loaded = chorus::torch_ext::load_checkpoint(ckpt, *model, optimizer)) {
-      state = *loaded;
-      if (std::string why = mismatch(a, state); !why.empty()) {
-        std::fprintf(stderr, "chorus-mnist: cannot resume from %s: %s\n", ckpt.c_str(), why.c_str());
-        return 2;
-      }
-      if (rank == 0) {
-        std::printf("resumed from %s: epoch %lld, step %lld, %lld samples of the epoch consumed, "
-                    "written by %lld ranks, now %d\n",
-                    ckpt.c_str(), static_cast<long long>(state.epoch),
-                    static_cast<long long>(state.step),
-                    static_cast<long long>(state.consumed_by_all(world)),
-                    static_cast<long long>(state.world_size > 0 ? state.world_size : world), world);
-      }
-    }
+  return so;
+}
+
+// <checkpoint-dir>/checkpoint.pt, or "" without --checkpoint-dir.
+std::string checkpoint_path(const Args& a) {
+  return a.checkpoint_dir.empty() ? "" : a.checkpoint_dir + "/checkpoint.pt";
+}
+
+// --resume: the checkpoint, where there is one, into `model`, `optimizer` and `state`.
+// False when it cannot be continued with these arguments (said on stderr).
+bool resume_from_checkpoint(const Args& a, int rank, int world, torch::nn::Module& model,
+                            torch::optim::Optimizer& optimizer, chorus::torch_ext::TrainingState& state) {
+  const std::string ckpt = checkpoint_path(a);
+  auto loaded = chorus::torch_ext::load_checkpoint(ckpt, model, optimizer);
+  if (!loaded) return true;
+  state = *loaded;
+  if (std::string why = mismatch(a, state); !why.empty()) {
+    std::fprintf(stderr, "chorus-mnist: cannot resume from %s: %s\n", ckpt.c_str(), why.c_str());
+    return false;
   }
-  const int64_t resume_epoch = state.epoch, resume_consumed = state.consumed_by_all(world);
-  state.world_size = world;
-  state.global_batch = a.batch_size;
-  state.sampler_seed = a.seed;
-  SampleLog sample_log;
-  if (!a.sample_log.empty()) {
-    if (std::string why = sample_log.open(a.sample_log); !why.empty()) {
-      std::fprintf(stderr, "chorus-mnist: cannot append to the --sample-log file %s: %s\n",
-                   a.sample_log.c_str(), why.c_str());
-      return 2;
-    }
+  if (rank == 0) {
+    std::printf("resumed from %s: epoch %lld, step %lld, %lld samples of the epoch consumed, "
+                "written by %lld ranks, now %d\n",
+                ckpt.c_str(), static_cast<long long>(state.epoch), static_cast<long long>(state.step),
+                static_cast<long long>(state.consumed_by_all(world)),
+                static_cast<long long>(state.world_size > 0 ? state.world_size : world), world);
   }
-  if (!ckpt.empty() && rank == 0) std::filesystem::create_directories(a.checkpoint_dir);
+  return true;
+}
+
+// --sample-log: false when the file cannot be opened (said on stderr).
+bool open_sample_log(const Args& a, SampleLog& sample_log) {
+  const std::string why = sample_log.open(a.sample_log);
+  if (why.empty()) return true;
+  std::fprintf(stderr, "chorus-mnist: cannot append to the --sample-log file %s: %s\n",
+               a.sample_log.c_str(), why.c_str());
+  return false;
+}
+
+// Rank 0 on a terminal draws a progress bar instead of the plain lines. Under
+// chorusrun, stdout is a pipe to the launcher, which says whether its own stdout is a
+// terminal (CHORUS_STDOUT_TERMINAL) and redraws lines ended by '\r' in place there.
+bool draws_progress_bar(int rank, bool own_terminal) {
+  const char* launcher_terminal = std::getenv("CHORUS_STDOUT_TERMINAL");
+  return rank == 0 &&
+         (own_terminal || (launcher_terminal != nullptr && std::string(launcher_terminal) == "1"));
+}
+
+// What the next metrics line averages over.
+struct Interval {
+  int64_t steps = 0, samples = 0;
+  double step_s = 0, wait_s = 0, backward_s = 0;
+  double wall_s = 0;   // the steps' wall time, data loading included, evaluation not
+  size_t buckets = 0;  // of the latest step
+
+  void add(double step_seconds, double wall_seconds, int64_t step_samples,
+           const chorus::torch_ext::DdpStats& stats) {
+    steps += 1;
+    samples += step_samples;
+    step_s += step_seconds;
+    wall_s += wall_seconds;
+    wait_s += stats.wait_seconds;
+    backward_s += stats.backward_seconds;
+    buckets = stats.buckets;
+  }
+};
+
+// One rank's training once train() has set it up: the model under
+// DistributedDataParallel, its epochs and steps, what they print, write and draw, their
+// checkpoints, and the report at the end. What it is given is train()'s and outlives
+// it.
+template <class Model>
+class Trainer {
+ public:
+  Trainer(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, const Data& data,
+          torch::optim::Optimizer& optimizer, chorus::data::DistributedSampler& sampler,
+          chorus::torch_ext::TrainingState& state, SampleLog& sample_log, MetricsFile& metrics)
+      : a_(a), model_(model), group_(group), rank_(group->rank()), world_(group->size()), data_(data),
+        optimizer_(optimizer), sampler_(sampler), state_(state), sample_log_(sample_log),
+        metrics_(metrics), ckpt_(checkpoint_path(a)), batch_(a.batch_size / world_),
+        resume_epoch_(state.epoch), resume_consumed_(state.consumed_by_all(world_)),
+        ddp_(model.ptr(), group, gradients_in_buckets()), at_checkpoint_(group),
+        wall_start_(Clock::now()), own_terminal_(::isatty(STDOUT_FILENO) == 1),
+        bar_(draws_progress_bar(rank_, own_terminal_)),
+        steps_per_epoch_(sampler.num_samples() / batch_) {
+    state_.world_size = world_;
+    state_.global_batch = a.batch_size;
+    state_.sampler_seed = a.seed;
+  }
+
+  // The epochs from the state's on, then the report. 0, or kStoppedAtCheckpointStatus
+  // where chorusrun asked to stop at a checkpoint.
+  int run() {
+    for (int64_t epoch = state_.epoch; epoch < a_.epochs; ++epoch) {
+      const EpochEnd end = train_epoch(epoch);
+      if (end == EpochEnd::kStopAtCheckpoint) return chorus::kStoppedAtCheckpointStatus;
+      finish_epoch(epoch, end == EpochEnd::kMaxSteps);
+      if (end == EpochEnd::kMaxSteps) break;
+      // The epoch's checkpoint, saved before the evaluation.
+      if (epoch + 1 < a_.epochs && stop_asked()) return chorus::kStoppedAtCheckpointStatus;
+    }
+    report();
+    return 0;
+  }
+
+ private:
+  enum class EpochEnd { kDone, kMaxSteps, kStopAtCheckpoint };
+
+  // The epoch in progress, as its steps and the progress bar see it.
+  struct Epoch {
+    Epoch(int64_t number, int64_t step) : number(number), step(step), first_step(step) {}
+    const int64_t number;
+    int64_t step;              // within the epoch
+    const int64_t first_step;  // where this run began the epoch
+    Clock::time_point timed_from = Clock::now();  // the timed part, after the warm-up steps
+    const Clock::time_point began = Clock::now();
+    Clock::time_point last_drawn{};         // by the progress bar
+    Clock::time_point tick = Clock::now();  // the end of the previous step
+  };
+
   // The gradients live in the buckets: no copy into them before the allreduce and none
   // back after it (the same numbers as copying, bit for bit).
-  chorus::torch_ext::DdpOptions ddp_options;
-  ddp_options.gradient_as_bucket_view = true;
-  DistributedDataParallel ddp(model.ptr(), group, ddp_options);
-  auto save = [&] {
-    if (rank == 0 && !ckpt.empty()) chorus::torch_ext::save_checkpoint(ckpt, *model, optimizer, state);
-  };
-  // chorusrun --join-at-checkpoint: after a checkpoint that does not end the run, every
-  // rank asks whether to stop there for a joining node (chorus/elastic.h).
-  chorus::torch_ext::StopAtCheckpoint at_checkpoint(group);
-  auto stop_asked = [&] {
-    if (ckpt.empty() || !at_checkpoint.requested()) return false;
-    if (rank == 0) {
-      std::printf("stopping at the checkpoint of step %lld: chorusrun asked (a node joins)\n",
-                  static_cast<long long>(state.step));
-    }
-    std::fflush(stdout);
-    return true;
-  };
-  int64_t trained = 0;
-  double train_seconds = 0;
-  TestResult last;
-  const auto wall_start = Clock::now();
-  auto since_start = [&] { return std::chrono::duration<double>(Clock::now() - wall_start).count(); };
-  // Rank 0 on a terminal: a progress bar instead of the plain lines. Under chorusrun,
-  // stdout is a pipe to the launcher, which says whether its own stdout is a terminal
-  // (CHORUS_STDOUT_TERMINAL) and redraws lines ended by '\r' in place there.
-  const bool own_terminal = ::isatty(STDOUT_FILENO) == 1;
-  const char* launcher_terminal = std::getenv("CHORUS_STDOUT_TERMINAL");
-  const bool bar = rank == 0 && (own_terminal || (launcher_terminal != nullptr &&
-                                                  std::string(launcher_terminal) == "1"));
-  const int64_t steps_per_epoch = sampler.num_samples() / batch;
-  // What the next metrics line averages over.
-  struct Interval {
-    int64_t steps = 0, samples = 0;
-    double step_s = 0, wait_s = 0, backward_s = 0;
-    double wall_s = 0;  // the steps' wall time, data loading included, evaluation not
-  } interval;
-  bool stop = false;
-  for (int64_t epoch = state.epoch; epoch < a.epochs && !stop; ++epoch) {
-    if (!bar) std::printf("curr epoch:  %lld\n", static_cast<long long>(epoch));
-    // The rest of the epoch after what all ranks consumed before, at whatever world
-    // size they were (the first `consumed` positions of the epoch's permutation).
-    sampler.resume(epoch, epoch == resume_epoch ? resume_consumed : 0);
-    state.epoch = epoch;
-    state.sampler_position = sampler.position();
-    state.consumed = sampler.consumed();
+  static chorus::torch_ext::DdpOptions gradients_in_buckets() {
+    chorus::torch_ext::DdpOptions o;
+    o.gradient_as_bucket_view = true;
+    return o;
+  }
+
+  // Epoch `number`'s steps, from where the run stands in it, up to its end, --max-steps
+  // or a checkpoint that chorusrun asks to stop at.
+  EpochEnd train_epoch(int64_t number) {
+    const std::vector<int64_t> order = begin_epoch(number);
     chorus::data::DataLoaderOptions lo;
-    lo.batch_size = batch;
+    lo.batch_size = batch_;
     lo.drop_last = true;
-    lo.workers = a.workers;
-    const std::vector<int64_t> order = sampler.epoch_indices();
-    chorus::data::DataLoader loader(train_set, order, lo);
-    int64_t i = sampler.consumed() / a.batch_size;  // the step within the epoch
-    auto start = Clock::now();
-    const auto epoch_start = Clock::now();
-    const int64_t first_i = i;
-    auto last_drawn = Clock::time_point{};
-    auto tick = Clock::now();  // the end of the previous step
+    lo.workers = a_.workers;
+    chorus::data::DataLoader loader(data_.train, order, lo);
+    Epoch e(number, sampler_.consumed() / a_.batch_size);
+    EpochEnd end = EpochEnd::kDone;
     while (auto b = loader.next()) {
-      const auto step_start = Clock::now();
-      // Logged before the step: a rank killed once its gradients were allreduced would
-      // otherwise leave no line for a step the others completed and checkpointed.
-      sample_log.write(epoch, state.step + 1, rank, world, order, sampler.position(), b->size());
-      torch::Tensor loss =
-          torch::nn::functional::cross_entropy(ddp.forward(model, b->data), b->target);
-      optimizer.zero_grad();
-      loss.backward();
-      optimizer.step();
-      const auto step_end = Clock::now();
-      const double step_s = std::chrono::duration<double>(step_end - step_start).count();
-      interval.wall_s += std::chrono::duration<double>(step_end - tick).count();
-      tick = step_end;
-      const chorus::torch_ext::DdpStats ddp_stats = ddp.last_step_stats();
-      interval.steps += 1;
-      interval.samples += b->size() * world;
-      interval.step_s += step_s;
-      interval.wait_s += ddp_stats.wait_seconds;
-      interval.backward_s += ddp_stats.backward_seconds;
-      sampler.advance(b->size());
-      ++state.step;
-      if (state.step <= a.warmup_steps) {
-        start = Clock::now();  // the timed part begins after the warm-up steps
-      } else {
-        trained += b->size() * world;
-      }
-      state.sampler_position = sampler.position();
-      state.consumed = sampler.consumed();
-      if (i % a.log_interval == 0) {
-        const double loss_value = loss.item<double>();
-        if (!bar) {
-          std::printf("loss: %7f [%5lld/%5lld]\n", loss_value, static_cast<long long>(i * b->size()),
-                      static_cast<long long>(train_set->size()));
-          std::fflush(stdout);
-        }
-        if (metrics.active()) {
-          const double n = static_cast<double>(interval.steps);
-          const double wall = interval.wall_s;
-          metrics.write({{"event", "train"},
-                         {"epoch", epoch},
-                         {"step", state.step},
-                         {"loss", loss_value},
-                         {"wall_time_s", since_start()},
-                         {"steps", interval.steps},
-                         {"samples_per_second", wall > 0 ? interval.samples / wall : 0.0},
-                         {"step_s", interval.step_s / n},
-                         {"compute_s", (interval.step_s - interval.wait_s) / n},
-                         {"allreduce_wait_s", interval.wait_s / n},
-                         {"backward_s", interval.backward_s / n},
-                         {"buckets", ddp_stats.buckets}});
-          interval = Interval{};
-        }
-      }
-      ++i;
-      if (bar) {
-        const auto now = Clock::now();
-        // Redrawn at most 10 times a second, and at the epoch's (or the run's) last step.
-        const bool last = i >= steps_per_epoch || (a.max_steps > 0 && state.step >= a.max_steps);
-        if (now - last_drawn >= std::chrono::milliseconds(100) || last) {
-          last_drawn = now;
-          const double elapsed = std::chrono::duration<double>(now - epoch_start).count();
-          const int64_t done = i - first_i;
-          int64_t left = (steps_per_epoch - i) + (a.epochs - epoch - 1) * steps_per_epoch;
-          if (a.max_steps > 0) left = std::min(left, a.max_steps - state.step);
-          chorus::mnist::Progress p;
-          p.epoch = epoch;
-          p.epochs = a.epochs;
-          p.step = i;
-          p.steps = steps_per_epoch;
-          p.loss = loss.item<double>();
-          p.samples_per_second = elapsed > 0 ? done * b->size() * world / elapsed : 0;
-          p.eta_seconds = done > 0 ? elapsed / done * std::max<int64_t>(left, 0) : -1;
-          // The line ended by '\r' (a status line to chorusrun); on a terminal of its
-          // own, the rest of a longer previous line is cleared too.
-          std::printf("%s%s\r", chorus::mnist::render_progress(p).c_str(), own_terminal ? "\x1b[K" : "");
-          std::fflush(stdout);
-        }
-      }
-      const bool run_ends = (a.max_steps > 0 && state.step >= a.max_steps) ||
-                            (epoch + 1 == a.epochs && i >= steps_per_epoch);
-      if (a.checkpoint_interval > 0 && state.step % a.checkpoint_interval == 0) {
-        save();
-        if (!run_ends && stop_asked()) return chorus::kStoppedAtCheckpointStatus;
-      }
-      if (a.max_steps > 0 && state.step >= a.max_steps) {
-        stop = true;
+      const torch::Tensor loss = train_step(e, order, *b);
+      if (e.step % a_.log_interval == 0) log_step(e, *b, loss);
+      ++e.step;
+      if (bar_) draw_progress(e, *b, loss);
+      if (stops_at_interval_checkpoint(e)) return EpochEnd::kStopAtCheckpoint;
+      if (max_steps_reached()) {
+        end = EpochEnd::kMaxSteps;
         break;
       }
     }
-    train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
-    if (bar) std::printf("\n");  // the bar's line stays, finished
-    if (!stop) {
-      state.epoch = epoch + 1;
-      state.sampler_position = 0;
-      state.consumed = 0;
+    train_seconds_ += std::chrono::duration<double>(Clock::now() - e.timed_from).count();
+    if (bar_) std::printf("\n");  // the bar's line stays, finished
+    return end;
+  }
+
+  // The epoch's line (without the bar), the sampler and the state at its start: the
+  // rest of the epoch after what all ranks consumed before, at whatever world size they
+  // were (the first `consumed` positions of the epoch's permutation). Returns this
+  // rank's samples of the epoch, in order.
+  std::vector<int64_t> begin_epoch(int64_t epoch) {
+    if (!bar_) std::printf("curr epoch:  %lld\n", static_cast<long long>(epoch));
+    sampler_.resume(epoch, epoch == resume_epoch_ ? resume_consumed_ : 0);
+    state_.epoch = epoch;
+    state_.sampler_position = sampler_.position();
+    state_.consumed = sampler_.consumed();
+    return sampler_.epoch_indices();
+  }
+
+  // One optimizer step on `b`, then what it adds to the run's counts. Returns its loss.
+  torch::Tensor train_step(Epoch& e, const std::vector<int64_t>& order, const chorus::data::Batch& b) {
+    const auto step_start = Clock::now();
+    // Logged before the step: a rank killed once its gradients were allreduced would
+    // otherwise leave no line for a step the others completed and checkpointed.
+    sample_log_.write(e.number, state_.step + 1, rank_, world_, order, sampler_.position(), b.size());
+    torch::Tensor loss = torch::nn::functional::cross_entropy(ddp_.forward(model_, b.data), b.target);
+    optimizer_.zero_grad();
+    loss.backward();
+    optimizer_.step();
+    const auto step_end = Clock::now();
+    interval_.add(std::chrono::duration<double>(step_end - step_start).count(),
+                  std::chrono::duration<double>(step_end - e.tick).count(), b.size() * world_,
+                  ddp_.last_step_stats());
+    e.tick = step_end;
+    advance(e, b.size());
+    return loss;
+  }
+
+  // The sampler, the state and the timed samples past a step of `samples`.
+  void advance(Epoch& e, int64_t samples) {
+    sampler_.advance(samples);
+    ++state_.step;
+    if (state_.step <= a_.warmup_steps) {
+      e.timed_from = Clock::now();  // the timed part begins after the warm-up steps
+    } else {
+      trained_ += samples * world_;
+    }
+    state_.sampler_position = sampler_.position();
+    state_.consumed = sampler_.consumed();
+  }
+
+  // Every --log-interval steps: the loss line (where no bar is drawn) and a train line
+  // of metrics.
+  void log_step(const Epoch& e, const chorus::data::Batch& b, const torch::Tensor& loss) {
+    const double loss_value = loss.item<double>();
+    if (!bar_) {
+      std::printf("loss: %7f [%5lld/%5lld]\n", loss_value, static_cast<long long>(e.step * b.size()),
+                  static_cast<long long>(data_.train->size()));
+      std::fflush(stdout);
+    }
+    if (metrics_.active()) write_train_metrics(e.number, loss_value);
+  }
+
+  void write_train_metrics(int64_t epoch, double loss) {
+    const double n = static_cast<double>(interval_.steps);
+    const double wall = interval_.wall_s;
+    metrics_.write({{"event", "train"},
+                    {"epoch", epoch},
+                    {"step", state_.step},
+                    {"loss", loss},
+                    {"wall_time_s", since_start()},
+                    {"steps", interval_.steps},
+                    {"samples_per_second", wall > 0 ? interval_.samples / wall : 0.0},
+                    {"step_s", interval_.step_s / n},
+                    {"compute_s", (interval_.step_s - interval_.wait_s) / n},
+                    {"allreduce_wait_s", interval_.wait_s / n},
+                    {"backward_s", interval_.backward_s / n},
+                    {"buckets", interval_.buckets}});
+    interval_ = Interval{};
+  }
+
+  // Redrawn at most 10 times a second, and at the epoch's (or the run's) last step.
+  void draw_progress(Epoch& e, const chorus::data::Batch& b, const torch::Tensor& loss) {
+    const auto now = Clock::now();
+    const bool last = e.step >= steps_per_epoch_ || max_steps_reached();
+    if (now - e.last_drawn < std::chrono::milliseconds(100) && !last) return;
+    e.last_drawn = now;
+    // The line ended by '\r' (a status line to chorusrun); on a terminal of its own,
+    // the rest of a longer previous line is cleared too.
+    std::printf("%s%s\r", chorus::mnist::render_progress(progress(e, b, loss, now)).c_str(),
+                own_terminal_ ? "\x1b[K" : "");
+    std::fflush(stdout);
+  }
+
+  chorus::mnist::Progress progress(const Epoch& e, const chorus::data::Batch& b, const torch::Tensor& loss,
+                                   Clock::time_point now) const {
+    const double elapsed = std::chrono::duration<double>(now - e.began).count();
+    const int64_t done = e.step - e.first_step;
+    int64_t left = (steps_per_epoch_ - e.step) + (a_.epochs - e.number - 1) * steps_per_epoch_;
+    if (a_.max_steps > 0) left = std::min(left, a_.max_steps - state_.step);
+    chorus::mnist::Progress p;
+    p.epoch = e.number;
+    p.epochs = a_.epochs;
+    p.step = e.step;
+    p.steps = steps_per_epoch_;
+    p.loss = loss.item<double>();
+    p.samples_per_second = elapsed > 0 ? done * b.size() * world_ / elapsed : 0;
+    p.eta_seconds = done > 0 ? elapsed / done * std::max<int64_t>(left, 0) : -1;
+    return p;
+  }
+
+  // Every --checkpoint-interval steps: the checkpoint, then whether chorusrun asks to
+  // stop there (never at the run's last step, which ends it anyway).
+  bool stops_at_interval_checkpoint(const Epoch& e) {
+    if (a_.checkpoint_interval <= 0 || state_.step % a_.checkpoint_interval != 0) return false;
+    const bool run_ends = max_steps_reached() || (e.number + 1 == a_.epochs && e.step >= steps_per_epoch_);
+    save();
+    return !run_ends && stop_asked();
+  }
+
+  bool max_steps_reached() const { return a_.max_steps > 0 && state_.step >= a_.max_steps; }
+
+  // After the epoch's steps: its checkpoint (not where --max-steps ended it), the
+  // evaluation on the test set, and its lines.
+  void finish_epoch(int64_t epoch, bool max_steps) {
+    if (!max_steps) {
+      state_.epoch = epoch + 1;
+      state_.sampler_position = 0;
+      state_.consumed = 0;
       save();
     }
-    last = evaluate(model, test_set, 1000);
-    metrics.write({{"event", "epoch"},
-                   {"epoch", epoch},
-                   {"step", state.step},
-                   {"wall_time_s", since_start()},
-                   {"test_accuracy", last.accuracy},
-                   {"test_loss", last.avg_loss}});
-    if (rank == 0) {
-      std::printf("Test Error: \n Accuracy: %.1f%%, Avg loss: %8f \n\n", 100 * last.accuracy,
-                  last.avg_loss);
+    last_ = evaluate(model_, data_.test, 1000);
+    metrics_.write({{"event", "epoch"},
+                    {"epoch", epoch},
+                    {"step", state_.step},
+                    {"wall_time_s", since_start()},
+                    {"test_accuracy", last_.accuracy},
+                    {"test_loss", last_.avg_loss}});
+    if (rank_ == 0) {
+      std::printf("Test Error: \n Accuracy: %.1f%%, Avg loss: %8f \n\n", 100 * last_.accuracy,
+                  last_.avg_loss);
     }
     std::fflush(stdout);
-    // The epoch's checkpoint, saved before the evaluation.
-    if (!stop && epoch + 1 < a.epochs && stop_asked()) return chorus::kStoppedAtCheckpointStatus;
   }
-  std::printf("rank %d params %s\n", rank, chorus::torch_ext::state_checksum(*model, /*with_buffers=*/false).c_str());
-  if (rank == 0) {
-    nlohmann::json j = {{"epochs", a.epochs},
-                        {"ranks", world},
-                        {"steps", state.step},
-                        {"samples_per_second", train_seconds > 0 ? trained / train_seconds : 0.0},
-                        {"train_seconds", train_seconds},
-                        {"wall_time_s", std::chrono::duration<double>(Clock::now() - wall_start).count()},
-                        {"test_accuracy", last.accuracy},
-                        {"test_loss", last.avg_loss},
-                        {"blas", chorus::mnist::openblas_core()},
-                        {"shared_buckets", ddp.buckets_in_shared_memory()},
-                        {"malloc_thresholds", a.malloc_thresholds}};
-    std::printf("%s\n", j.dump().c_str());
+
+  void save() {
+    if (rank_ == 0 && !ckpt_.empty()) chorus::torch_ext::save_checkpoint(ckpt_, *model_, optimizer_, state_);
   }
-  group->barrier().wait();
-  return 0;
+
+  // chorusrun --join-at-checkpoint: after a checkpoint that does not end the run, every
+  // rank asks whether to stop there for a joining node (chorus/elastic.h).
+  bool stop_asked() {
+    if (ckpt_.empty() || !at_checkpoint_.requested()) return false;
+    if (rank_ == 0) {
+      std::printf("stopping at the checkpoint of step %lld: chorusrun asked (a node joins)\n",
+                  static_cast<long long>(state_.step));
+    }
+    std::fflush(stdout);
+    return true;
+  }
+
+  // Every rank's parameter checksum, then rank 0's summary as a JSON line.
+  void report() {
+    std::printf("rank %d params %s\n", rank_,
+                chorus::torch_ext::state_checksum(*model_, /*with_buffers=*/false).c_str());
+    if (rank_ == 0) std::printf("%s\n", summary().dump().c_str());
+    group_->barrier().wait();
+  }
+
+  nlohmann::json summary() const {
+    return {{"epochs", a_.epochs},
+            {"ranks", world_},
+            {"steps", state_.step},
+            {"samples_per_second", train_seconds_ > 0 ? trained_ / train_seconds_ : 0.0},
+            {"train_seconds", train_seconds_},
+            {"wall_time_s", since_start()},
+            {"test_accuracy", last_.accuracy},
+            {"test_loss", last_.avg_loss},
+            {"blas", chorus::mnist::openblas_core()},
+            {"shared_buckets", ddp_.buckets_in_shared_memory()},
+            {"malloc_thresholds", a_.malloc_thresholds}};
+  }
+
+  double since_start() const { return std::chrono::duration<double>(Clock::now() - wall_start_).count(); }
+
+  const Args& a_;
+  Model model_;
+  std::shared_ptr<ProcessGroup> group_;
+  const int rank_, world_;
+  const Data& data_;
+  torch::optim::Optimizer& optimizer_;
+  chorus::data::DistributedSampler& sampler_;
+  chorus::torch_ext::TrainingState& state_;
+  SampleLog& sample_log_;
+  MetricsFile& metrics_;
+  const std::string ckpt_;
+  const int64_t batch_;  // this rank's share of the global batch
+  // Where the run began: the epoch, and the samples of it that all ranks had consumed.
+  const int64_t resume_epoch_, resume_consumed_;
+  DistributedDataParallel ddp_;
+  chorus::torch_ext::StopAtCheckpoint at_checkpoint_;
+  const Clock::time_point wall_start_;
+  const bool own_terminal_, bar_;
+  const int64_t steps_per_epoch_;
+  int64_t trained_ = 0;  // samples of the timed steps, all ranks
+  double train_seconds_ = 0;
+  TestResult last_;      // the latest evaluation
+  Interval interval_;
+};
+
+// One rank's run: its set-up, in the order in which its refusals are reported (the
+// data, the global batch, the checkpoint to resume from, the sample log), then its
+// epochs. 0, 2 where the set-up refuses (said on stderr), or
+// kStoppedAtCheckpointStatus.
+template <class Model>
+int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, MetricsFile& metrics) {
+  const int rank = group->rank(), world = group->size();
+  const Data data{load_split(a, chorus::data::Split::kTrain), load_split(a, chorus::data::Split::kTest)};
+  if (!batch_divides(a, world)) return 2;
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(a.lr).momentum(a.momentum));
+  chorus::data::DistributedSampler sampler(data.train->size(), sampler_options(a, rank, world));
+  chorus::torch_ext::TrainingState state;
+  if (a.resume && !resume_from_checkpoint(a, rank, world, *model, optimizer, state)) return 2;
+  SampleLog sample_log;
+  if (!a.sample_log.empty() && !open_sample_log(a, sample_log)) return 2;
+  if (!a.checkpoint_dir.empty() && rank == 0) std::filesystem::create_directories(a.checkpoint_dir);
+  Trainer<Model> trainer(a, model, group, data, optimizer, sampler, state, sample_log, metrics);
+  return trainer.run();
 }
 
 }  // namespace
