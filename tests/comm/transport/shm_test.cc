@@ -397,6 +397,7 @@ TEST(ShmGroupTest, PieceHolderThatStallsAbortsOrClosesIsNamed) {
     SCOPED_TRACE("holder " + std::to_string(static_cast<int>(holder)));
     InMemoryStore store;
     std::atomic<bool> held{false};
+    std::atomic<int> past_arrival{0};
     std::vector<std::string> messages(3);
     std::vector<std::vector<int>> awaited(3);
     auto errors = run_threads(3, [&](int rank) {
@@ -405,7 +406,11 @@ TEST(ShmGroupTest, PieceHolderThatStallsAbortsOrClosesIsNamed) {
       g->arrive();
       g->wait_all();
       g->begin_work(3);
+      ++past_arrival;
       if (rank == 1) {
+        // Not before every rank has seen the arrivals: an abort then would fail their
+        // wait_all(), not the wait for the piece this test is about.
+        while (past_arrival.load() < 3) std::this_thread::yield();
         ASSERT_GE(g->take_piece(), 0);
         held = true;
         if (holder == Holder::kAborts) {
