@@ -143,7 +143,7 @@ double time_op(Bench& b, const Shape& s, const Pointers& p) {
 void poison(void* data, DataType dtype, size_t count) {
   const size_t elem = dtype_size(dtype);
   std::byte one[8];
-  test::store_element(dtype, one, 0, test::is_signed(dtype) ? -3.0 : 253.0);
+  patterns::store_element(dtype, one, 0, patterns::is_signed(dtype) ? -3.0 : 253.0);
   for (size_t i = 0; i < count; ++i) std::memcpy(static_cast<std::byte*>(data) + i * elem, one, elem);
 }
 
@@ -152,9 +152,9 @@ void poison(void* data, DataType dtype, size_t count) {
 void fill_input(const Bench& b, std::byte* buf, size_t n) {
   const Options& o = b.options;
   if (b.info.reduces) {
-    test::fill_reduce_input(o.dtype, o.op, b.comm.rank(), buf, 0, n);
+    patterns::fill_reduce_input(o.dtype, o.op, b.comm.rank(), buf, 0, n);
   } else {
-    test::fill_move(o.dtype, b.comm.rank(), buf, 0, n);
+    patterns::fill_move(o.dtype, b.comm.rank(), buf, 0, n);
   }
 }
 
@@ -165,28 +165,28 @@ int64_t count_wrong(const Bench& b, const Shape& s, const std::byte* out) {
   const size_t block_bytes = s.block * dtype_size(t);
   if (b.info.reduces) {
     const size_t first = b.info.collective == Collective::kReduceScatter ? rank * s.block : 0;
-    return static_cast<int64_t>(test::ReduceExpectation(t, b.options.op, size)
+    return static_cast<int64_t>(patterns::ReduceExpectation(t, b.options.op, size)
                                     .count_wrong(out, first, s.recv_count, tolerance(t, size)));
   }
   size_t wrong = 0;
   switch (b.info.collective) {
-    case Collective::kBroadcast: wrong = test::count_wrong_move(t, kRoot, out, 0, s.recv_count); break;
+    case Collective::kBroadcast: wrong = patterns::count_wrong_move(t, kRoot, out, 0, s.recv_count); break;
     case Collective::kSend:
-      wrong = test::count_wrong_move(t, (rank + size - 1) % size, out, 0, s.recv_count);
+      wrong = patterns::count_wrong_move(t, (rank + size - 1) % size, out, 0, s.recv_count);
       break;
     case Collective::kScatter:
-      wrong = test::count_wrong_move(t, kRoot, out, rank * s.block, s.recv_count);
+      wrong = patterns::count_wrong_move(t, kRoot, out, rank * s.block, s.recv_count);
       break;
     case Collective::kAllgather:
     case Collective::kAllgatherv:
     case Collective::kGather:  // block j of the result is rank j's send buffer
       for (int j = 0; s.recv_count > 0 && j < size; ++j)
-        wrong += test::count_wrong_move(t, j, out + j * block_bytes, 0, s.block);
+        wrong += patterns::count_wrong_move(t, j, out + j * block_bytes, 0, s.block);
       break;
     case Collective::kAlltoall:
     case Collective::kAlltoallv:  // block j is rank j's block for this rank
       for (int j = 0; j < size; ++j)
-        wrong += test::count_wrong_move(t, j, out + j * block_bytes, rank * s.block, s.block);
+        wrong += patterns::count_wrong_move(t, j, out + j * block_bytes, rank * s.block, s.block);
       break;
     default: throw std::logic_error("no check for this collective");
   }

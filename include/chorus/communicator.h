@@ -216,7 +216,10 @@ struct CommOptions {
 // Shared by receives from any source issued on several communicators (c10d's two
 // send/recv communicators, say) that must take one message between them: the first
 // receive to find a matching message takes it, and the others then complete without
-// one (Work::source() -1), leaving what they found for later receives.
+// one (Work::source() -1), leaving what they found for later receives. A receive whose
+// sources can no longer send it a message (they left, or went on to a later collective
+// on its communicator) waits for the claim to be taken elsewhere rather than failing;
+// if nobody takes it, it times out at the operation's deadline.
 class RecvClaim {
  public:
   // True for the first caller only.

@@ -14,7 +14,7 @@
 
 namespace chorus {
 
-namespace internal {
+namespace communicator {
 class WorkState;
 class CommunicatorImpl;
 }
@@ -22,7 +22,7 @@ class CommunicatorImpl;
 class Work {
  public:
   Work() = default;  // an empty handle: completed, no error
-  explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
+  explicit Work(std::shared_ptr<communicator::WorkState> state) : state_(std::move(state)) {}
 
   // Blocks until the operation has finished. Returns normally on success and throws
   // its chorus::Error on failure. Always returns: the progress thread finishes or
@@ -48,13 +48,13 @@ class Work {
   int source() const;
 
  private:
-  friend class internal::CommunicatorImpl;
+  friend class communicator::CommunicatorImpl;
   // An operation that completed successfully while it was issued (a small collective
   // on one node, run at once by the issuing thread): only its name, a string literal,
   // and sequence number, for description(); no shared state to allocate and count.
   Work(const char* name, uint64_t seq) : done_name_(name), done_seq_(seq) {}
 
-  std::shared_ptr<internal::WorkState> state_;
+  std::shared_ptr<communicator::WorkState> state_;
   const char* done_name_ = nullptr;
   uint64_t done_seq_ = 0;
 };

@@ -63,7 +63,7 @@ bool C10dStore::check(const std::vector<std::string>& keys) {
 
 void C10dStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   // Polls check() instead of calling c10d's wait() with a timeout: chorus waits in
-  // short slices (store_pages::wait_and_get), and on a loaded machine torch 1.13's
+  // short slices (store::pages::wait_and_get), and on a loaded machine torch 1.13's
   // TCPStore wait() then failed with "Socket Timeout" although every key was there
   // (seed001 on two nodes of two), or a rank waited out its whole connect timeout for
   // keys the others had read (InitMethods.test_tcp, 3 ranks). check() is one request

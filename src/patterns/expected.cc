@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-namespace chorus::test {
+namespace chorus::patterns {
 
 // ----- 16-bit floating point -----
 
@@ -534,4 +534,4 @@ uint64_t checksum(const void* buf, size_t bytes) {
   return h;
 }
 
-}  // namespace chorus::test
+}  // namespace chorus::patterns

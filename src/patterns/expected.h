@@ -34,7 +34,7 @@
 
 #include "chorus/types.h"
 
-namespace chorus::test {
+namespace chorus::patterns {
 
 // IEEE binary16 and bfloat16 <-> float, round to nearest even (NaN stays NaN).
 uint16_t float_to_half_bits(float value);
@@ -106,4 +106,4 @@ std::string check_sentinel(const void* buf, size_t bytes);
 // A 64-bit hash of the bytes (for comparing results across ranks).
 uint64_t checksum(const void* buf, size_t bytes);
 
-}  // namespace chorus::test
+}  // namespace chorus::patterns

@@ -15,7 +15,7 @@
 #include "comm/common/handshake.h"
 #include "comm/store/tcp_store_protocol.h"
 
-namespace wire = chorus::store_wire;
+namespace wire = chorus::store::wire;
 
 namespace {
 

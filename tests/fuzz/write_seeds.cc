@@ -26,7 +26,7 @@ namespace {
 
 namespace handshake = chorus::handshake;
 namespace tcp = chorus::transport::tcp;
-namespace store_wire = chorus::store_wire;
+namespace wire = chorus::store::wire;
 
 template <size_t N>
 std::array<uint8_t, N> filled(uint8_t first) {
@@ -48,7 +48,7 @@ void write(const std::string& path, uint8_t selector, const std::vector<uint8_t>
 
 // A store frame's payload: the fuzz target reads what follows the length prefix.
 std::vector<uint8_t> payload(const std::vector<uint8_t>& frame) {
-  return std::vector<uint8_t>(frame.begin() + store_wire::kLengthPrefixBytes, frame.end());
+  return std::vector<uint8_t>(frame.begin() + wire::kLengthPrefixBytes, frame.end());
 }
 
 handshake::Message of_kind(handshake::Kind kind) {
@@ -88,9 +88,9 @@ int main() {
 
   const std::string store = "tests/fuzz/corpus/store_protocol_fuzz/";
   constexpr uint8_t kAuth = 2;
-  auto auth = [](const handshake::Message& m) { return payload(store_wire::encode_auth(m)); };
+  auto auth = [](const handshake::Message& m) { return payload(wire::encode_auth(m)); };
   write(store + "auth_hello", kAuth,
-        auth(store_wire::hello_message(filled<chorus::auth::kNonceBytes>(0x31))));
+        auth(wire::hello_message(filled<chorus::auth::kNonceBytes>(0x31))));
   write(store + "auth_challenge", kAuth, auth(of_kind(handshake::Kind::kChallenge)));
   write(store + "auth_proof", kAuth, auth(of_kind(handshake::Kind::kProof)));
   write(store + "auth_accepted", kAuth, auth(of_kind(handshake::Kind::kAccepted)));

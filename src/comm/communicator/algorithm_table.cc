@@ -13,7 +13,7 @@
 
 namespace chorus {
 
-namespace internal {
+namespace communicator {
 namespace {
 
 namespace alg = chorus::algorithms;
@@ -259,17 +259,17 @@ Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, cons
   return best;
 }
 
-}  // namespace internal
+}  // namespace communicator
 
 const char* algorithm_name(Algorithm algorithm) {
-  for (const internal::AlgorithmName& n : internal::kNames) {
+  for (const communicator::AlgorithmName& n : communicator::kNames) {
     if (n.algorithm == algorithm) return n.name;
   }
   return "?";
 }
 
 std::optional<Algorithm> parse_algorithm(std::string_view name) {
-  for (const internal::AlgorithmName& n : internal::kNames) {
+  for (const communicator::AlgorithmName& n : communicator::kNames) {
     if (name == n.name || name == n.long_name) return n.algorithm;
   }
   return std::nullopt;

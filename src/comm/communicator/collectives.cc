@@ -8,9 +8,10 @@
 #include "comm/communicator/communicator_impl.h"
 #include "comm/reduce/validate.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 using algorithms::Context;
+using reduce::Validator;
 
 namespace {
 
@@ -260,4 +261,4 @@ Work CommunicatorImpl::recv_any(void* buf, size_t count, DataType dtype, int tag
   });
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

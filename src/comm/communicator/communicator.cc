@@ -20,7 +20,11 @@
 #include "comm/transport/topology.h"
 
 namespace chorus {
-namespace internal {
+namespace communicator {
+
+using store::KeyLedger;
+using transport::discover_topology;
+using transport::local_node_id;
 namespace {
 
 // A count of the tuning table as an int (CHORUS_COST_MODEL takes any size_t).
@@ -380,7 +384,7 @@ std::shared_ptr<Communicator> CommunicatorImpl::split(int color, int key) {
   return Communicator::create(user_store_, new_rank, static_cast<int>(members.size()), child);
 }
 
-}  // namespace internal
+}  // namespace communicator
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank,
                                                    int size, CommOptions options) {
@@ -397,12 +401,12 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   // Resolved once per process; a bad CHORUS_REDUCE_ISA fails here (ConfigError), not on
   // the progress thread at the first reduction.
   reduce_isa();
-  internal::parse_cost_params(options.cost_model);  // ConfigError before any connection
+  communicator::parse_cost_params(options.cost_model);  // ConfigError before any connection
   if (options.segment_bytes < 64) {
     throw InvalidArgumentError("Communicator::create: segment_bytes " +
                                std::to_string(options.segment_bytes) + " is below 64");
   }
-  return std::make_shared<internal::CommunicatorImpl>(std::move(store), rank, size,
+  return std::make_shared<communicator::CommunicatorImpl>(std::move(store), rank, size,
                                                       std::move(options));
 }
 

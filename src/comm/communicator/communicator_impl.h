@@ -21,9 +21,11 @@
 #include "comm/transport/shm/shm_group.h"
 #include "comm/transport/transport.h"
 
-namespace chorus::internal {
-
+namespace chorus::store {
 class KeyLedger;
+}  // namespace chorus::store
+
+namespace chorus::communicator {
 
 struct OpSpec {
   Collective what = Collective::kBarrier;  // send/recv: per-stream sequence numbers
@@ -194,7 +196,7 @@ class CommunicatorImpl final : public Communicator,
   bool direct_path(Call& call) const;
   void connect_shared_memory(Store& scoped);
   // The end of creation: a barrier, then this rank's rendezvous keys are deleted.
-  void finish_creation(KeyLedger& ledger);
+  void finish_creation(store::KeyLedger& ledger);
 
   const int rank_, size_;
   const CommOptions options_;
@@ -246,4 +248,4 @@ class CommunicatorImpl final : public Communicator,
   ProgressEngine<Op> engine_{*this, abort_requested_};
 };
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

@@ -6,7 +6,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator/communicator_impl.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 namespace {
 
@@ -52,4 +52,4 @@ void CommunicatorImpl::check_consistency(const Op& op, const transport::OpInfo& 
   throw InvalidArgumentError(m + " every rank must call the same collectives in the same order");
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

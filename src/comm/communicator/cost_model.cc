@@ -10,7 +10,7 @@
 
 #include "chorus/error.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 namespace {
 
 struct Link {
@@ -306,4 +306,4 @@ double allgather_hier(double n, const Shape& s, const CostParams& p) {
 
 }  // namespace cost
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

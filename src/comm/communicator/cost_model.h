@@ -15,7 +15,7 @@
 #include "chorus/communicator.h"
 #include "comm/algorithms/tuning.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 struct CostParams {
   double tcp_alpha_us = 9.0;   // one message over tcp, including the operation's overhead
@@ -84,4 +84,4 @@ double allgather_shm(double n, const Shape& s, const CostParams& p);
 double allgather_hier(double n, const Shape& s, const CostParams& p);
 }  // namespace cost
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace chorus::internal {
+namespace chorus::communicator {
 namespace {
 
 std::string quoted(const std::string& s) {
@@ -196,4 +196,4 @@ std::string FlightRecorder::dump(const std::string& dir_in, int rank, int size,
   }
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

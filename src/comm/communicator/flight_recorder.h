@@ -17,7 +17,7 @@
 
 #include "chorus/types.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 // Where traces go when CHORUS_TRACE_DIR is unset: $TMPDIR (else /tmp) followed by
 // /chorus-traces-<uid> (one per user: another user's directory is not writable).
@@ -87,4 +87,4 @@ class FlightRecorder {
   std::chrono::system_clock::duration system_offset_;
 };
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

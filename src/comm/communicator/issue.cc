@@ -14,7 +14,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator/communicator_impl.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 template <class Attempt>
 std::optional<Work> CommunicatorImpl::issue_inline(const OpSpec& spec, Attempt&& attempt) {
@@ -70,4 +70,4 @@ Work CommunicatorImpl::issue(const OpSpec& spec, Call call) {
   return enqueue(spec, plan.body(std::move(call)));
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

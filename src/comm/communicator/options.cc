@@ -46,7 +46,7 @@ CommOptions CommOptions::from_env() {
     o.allowlist_file = file->path;
     o.allowlist_source = file->variable;
   }
-  internal::parse_cost_params(o.cost_model);  // a bad value fails here, naming the variable
+  communicator::parse_cost_params(o.cost_model);  // a bad value fails here, naming the variable
   o.node_id = settings::node_id();
   o.check_consistency = settings::debug_detail();
   o.trace_buffer_size = static_cast<size_t>(settings::trace_buffer_size());

@@ -11,7 +11,7 @@
 #include "chorus/error.h"
 #include "comm/communicator/communicator_impl.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -70,7 +70,7 @@ void CommunicatorImpl::receive_matching(transport::Transport& t, void* buf, size
   while (true) {
     if (claim != nullptr && claim->taken()) return;
     const Clock::time_point until = claim != nullptr ? Clock::now() + slice : Clock::time_point::max();
-    const transport::Arrival a = t.probe(sources, until);
+    const transport::Arrival a = t.probe(sources, until, claim != nullptr);
     if (a.peer < 0) {
       slice = std::min<Clock::duration>(slice * 2, kLongestSlice);
       continue;
@@ -87,4 +87,4 @@ void CommunicatorImpl::receive_matching(transport::Transport& t, void* buf, size
   }
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

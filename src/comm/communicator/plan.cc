@@ -16,7 +16,7 @@
 #include "comm/communicator/cost_model.h"
 
 namespace chorus {
-namespace internal {
+namespace communicator {
 
 namespace {
 
@@ -179,7 +179,7 @@ bool CommunicatorImpl::starts_at_issue(const Plan& plan, const Call& call) const
   return inline_possible();
 }
 
-}  // namespace internal
+}  // namespace communicator
 
 Algorithm Communicator::algorithm_for(std::string_view collective, size_t bytes) const {
   if (std::optional<Collective> c = parse_collective(collective)) return algorithm_for(*c, bytes);

@@ -16,7 +16,7 @@
 #include "comm/communicator/cost_model.h"
 #include "comm/shared/memory_file.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 // How an operation is run on the progress thread: it gets a context whose dtype and
 // reduction are already set.
@@ -87,4 +87,4 @@ struct Plan {
   AtIssue at_issue() const { return direct ? entry->shared_at_issue : entry->at_issue; }
 };
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

@@ -4,7 +4,7 @@
 
 #include <pthread.h>
 
-namespace chorus::internal {
+namespace chorus::communicator {
 namespace {
 
 // How long the progress thread naps instead of sleeping after its last operation, while
@@ -52,4 +52,4 @@ void ProgressEngineBase::rest(uint32_t seen, Clock::time_point& last_active) {
   if (woken) last_active = Clock::now();
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

@@ -37,7 +37,7 @@
 #include "comm/common/event.h"
 #include "comm/communicator/work_state.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 // What does not depend on the operations' type: the signal the progress thread sleeps
 // on, the runner role, and the thread's idle policy (progress_engine.cc).
@@ -327,4 +327,4 @@ void ProgressEngine<Op>::loop() {
   }
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

@@ -11,7 +11,7 @@
 
 #include "comm/common/logging.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 namespace {
 
 // Set before the handler is installed, never changed after: the handler reads them.
@@ -115,4 +115,4 @@ void remove_stop_trace(uint64_t id) {
   r.writers.erase(id);
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

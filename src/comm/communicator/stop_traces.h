@@ -21,7 +21,7 @@
 #include <functional>
 #include <string>
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 // Registers `write`, called with the reason when the process gets SIGTERM, until
 // remove_stop_trace(id). The first call installs the handler (see above). `write` must
@@ -30,4 +30,4 @@ uint64_t add_stop_trace(std::function<void(const std::string& why)> write);
 // Unregisters; waits for a `write` of this id that is running to return.
 void remove_stop_trace(uint64_t id);
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

@@ -4,7 +4,7 @@
 #include "comm/communicator/work_state.h"
 
 namespace chorus {
-namespace internal {
+namespace communicator {
 
 void WorkState::complete(std::exception_ptr error) {
   error_ = std::move(error);
@@ -26,7 +26,7 @@ bool WorkState::wait_until(std::chrono::steady_clock::time_point deadline) {
          completed();
 }
 
-}  // namespace internal
+}  // namespace communicator
 
 void Work::wait() const {
   if (!state_) return;

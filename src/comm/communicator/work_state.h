@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-namespace chorus::internal {
+namespace chorus::communicator {
 
 class WorkState;
 
@@ -54,4 +54,4 @@ class WorkState {
   std::shared_ptr<std::atomic<int>> source_;
 };
 
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

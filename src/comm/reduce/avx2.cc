@@ -14,7 +14,7 @@
 
 #define TARGET_AVX2 __attribute__((target("avx2,f16c")))
 
-namespace chorus::reduce_internal {
+namespace chorus::reduce {
 namespace {
 
 // Computation domains: an element adapter loads into the vector of its domain, and the
@@ -194,14 +194,14 @@ ReduceManyFn avx2_many_kernel(DataType dtype, ReduceOp op) {
 }
 DivideFn avx2_divide(DataType dtype) { return select_divide<Isa>(dtype); }
 
-}  // namespace chorus::reduce_internal
+}  // namespace chorus::reduce
 
 #else  // not x86-64
 
-namespace chorus::reduce_internal {
+namespace chorus::reduce {
 ReduceFn avx2_kernel(DataType, ReduceOp) { return nullptr; }
 ReduceManyFn avx2_many_kernel(DataType, ReduceOp) { return nullptr; }
 DivideFn avx2_divide(DataType) { return nullptr; }
-}  // namespace chorus::reduce_internal
+}  // namespace chorus::reduce
 
 #endif

@@ -23,7 +23,7 @@
 
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw")))
 
-namespace chorus::reduce_internal {
+namespace chorus::reduce {
 namespace {
 
 struct Ps {};     // 16 x float
@@ -190,14 +190,14 @@ ReduceManyFn avx512_many_kernel(DataType dtype, ReduceOp op) {
 }
 DivideFn avx512_divide(DataType dtype) { return select_divide<Isa>(dtype); }
 
-}  // namespace chorus::reduce_internal
+}  // namespace chorus::reduce
 
 #else  // not x86-64
 
-namespace chorus::reduce_internal {
+namespace chorus::reduce {
 ReduceFn avx512_kernel(DataType, ReduceOp) { return nullptr; }
 ReduceManyFn avx512_many_kernel(DataType, ReduceOp) { return nullptr; }
 DivideFn avx512_divide(DataType) { return nullptr; }
-}  // namespace chorus::reduce_internal
+}  // namespace chorus::reduce
 
 #endif

@@ -11,7 +11,7 @@
 
 #include "comm/reduce/reduce.h"
 
-namespace chorus::reduce_internal {
+namespace chorus::reduce {
 
 // ----- kernel tables -----
 
@@ -295,4 +295,4 @@ inline uint16_t portable_float_to_bfloat16(float f) {
   return static_cast<uint16_t>(select_bits<uint32_t>(nan, quiet_nan, rounded));
 }
 
-}  // namespace chorus::reduce_internal
+}  // namespace chorus::reduce

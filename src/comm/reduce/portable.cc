@@ -4,7 +4,7 @@
 // AArch64). The native types' loops are the reference's own.
 #include "comm/reduce/kernels.h"
 
-namespace chorus::reduce_internal {
+namespace chorus::reduce {
 namespace {
 
 struct PortableHalf {
@@ -49,4 +49,4 @@ ReduceManyFn portable_many_kernel(DataType dtype, ReduceOp op) {
 }
 DivideFn portable_divide(DataType dtype) { return select_divide<Portable>(dtype); }
 
-}  // namespace chorus::reduce_internal
+}  // namespace chorus::reduce

@@ -77,8 +77,8 @@ uint16_t float_to_bfloat16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
-using reduce_internal::nan_from;
-using reduce_internal::NanFrom;
+using reduce::nan_from;
+using reduce::NanFrom;
 
 namespace {
 
@@ -98,23 +98,23 @@ struct BFloat {
 };
 
 struct Reference {
-  using F32 = reduce_internal::Native<float>;
-  using F64 = reduce_internal::Native<double>;
+  using F32 = reduce::Native<float>;
+  using F64 = reduce::Native<double>;
   using F16 = Half;
   using BF16 = BFloat;
-  using I8 = reduce_internal::Native<int8_t>;
-  using U8 = reduce_internal::Native<uint8_t>;
-  using I32 = reduce_internal::Native<int32_t>;
-  using I64 = reduce_internal::Native<int64_t>;
-  using Sum = reduce_internal::ScalarSum;
-  using Prod = reduce_internal::ScalarProd;
-  using Min = reduce_internal::ScalarMin;
-  using Max = reduce_internal::ScalarMax;
+  using I8 = reduce::Native<int8_t>;
+  using U8 = reduce::Native<uint8_t>;
+  using I32 = reduce::Native<int32_t>;
+  using I64 = reduce::Native<int64_t>;
+  using Sum = reduce::ScalarSum;
+  using Prod = reduce::ScalarProd;
+  using Min = reduce::ScalarMin;
+  using Max = reduce::ScalarMax;
   template <class Type, class Op> static ReduceFn kernel() {
-    return reduce_internal::scalar_reduce<Type, Op>;
+    return reduce::scalar_reduce<Type, Op>;
   }
   template <class Type> static DivideFn divide() {
-    return reduce_internal::scalar_divide<Type, false>;
+    return reduce::scalar_divide<Type, false>;
   }
 };
 
@@ -220,9 +220,9 @@ void require_supported(ReduceIsa isa) {
 ReduceFn reduce_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
   require_supported(isa);
   switch (isa) {
-    case ReduceIsa::kPortable: return reduce_internal::portable_kernel(dtype, op);
-    case ReduceIsa::kAvx2: return reduce_internal::avx2_kernel(dtype, op);
-    case ReduceIsa::kAvx512: return reduce_internal::avx512_kernel(dtype, op);
+    case ReduceIsa::kPortable: return reduce::portable_kernel(dtype, op);
+    case ReduceIsa::kAvx2: return reduce::avx2_kernel(dtype, op);
+    case ReduceIsa::kAvx512: return reduce::avx512_kernel(dtype, op);
   }
   return nullptr;
 }
@@ -230,9 +230,9 @@ ReduceFn reduce_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
 ReduceManyFn reduce_many_function(DataType dtype, ReduceOp op, ReduceIsa isa) {
   require_supported(isa);
   switch (isa) {
-    case ReduceIsa::kPortable: return reduce_internal::portable_many_kernel(dtype, op);
-    case ReduceIsa::kAvx2: return reduce_internal::avx2_many_kernel(dtype, op);
-    case ReduceIsa::kAvx512: return reduce_internal::avx512_many_kernel(dtype, op);
+    case ReduceIsa::kPortable: return reduce::portable_many_kernel(dtype, op);
+    case ReduceIsa::kAvx2: return reduce::avx2_many_kernel(dtype, op);
+    case ReduceIsa::kAvx512: return reduce::avx512_many_kernel(dtype, op);
   }
   return nullptr;
 }
@@ -242,10 +242,10 @@ DivideFn divide_function(DataType dtype, ReduceIsa isa) {
   DivideFn fn = nullptr;
   switch (isa) {
     case ReduceIsa::kPortable: break;
-    case ReduceIsa::kAvx2: fn = reduce_internal::avx2_divide(dtype); break;
-    case ReduceIsa::kAvx512: fn = reduce_internal::avx512_divide(dtype); break;
+    case ReduceIsa::kAvx2: fn = reduce::avx2_divide(dtype); break;
+    case ReduceIsa::kAvx512: fn = reduce::avx512_divide(dtype); break;
   }
-  return fn != nullptr ? fn : reduce_internal::portable_divide(dtype);
+  return fn != nullptr ? fn : reduce::portable_divide(dtype);
 }
 
 ReduceFn reduce_function(DataType dtype, ReduceOp op) {
@@ -257,11 +257,11 @@ ReduceManyFn reduce_many_function(DataType dtype, ReduceOp op) {
 }
 
 ReduceFn reference_reduce_function(DataType dtype, ReduceOp op) {
-  return reduce_internal::select_kernel<Reference>(dtype, op);
+  return reduce::select_kernel<Reference>(dtype, op);
 }
 
 DivideFn reference_divide_function(DataType dtype) {
-  return reduce_internal::select_divide<Reference>(dtype);
+  return reduce::select_divide<Reference>(dtype);
 }
 
 }  // namespace chorus

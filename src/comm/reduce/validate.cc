@@ -5,7 +5,7 @@
 
 #include "chorus/error.h"
 
-namespace chorus::internal {
+namespace chorus::reduce {
 
 constexpr size_t kMaxBytes = size_t{1} << 62;
 
@@ -91,4 +91,4 @@ size_t Validator::extent(std::span<const size_t> counts, std::span<const size_t>
   return end;
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::reduce

@@ -8,7 +8,7 @@
 
 #include "chorus/types.h"
 
-namespace chorus::internal {
+namespace chorus::reduce {
 
 class Validator {
  public:
@@ -36,4 +36,4 @@ class Validator {
   int rank_, size_;
 };
 
-}  // namespace chorus::internal
+}  // namespace chorus::reduce

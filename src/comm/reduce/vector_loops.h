@@ -140,18 +140,18 @@ CHORUS_REDUCE_TARGET void divide(void* buf, size_t n, int d) {
 
 // The kernel table select_kernel (kernels.h) reads.
 struct Isa {
-  using F32 = reduce_internal::F32;
-  using F64 = reduce_internal::F64;
-  using F16 = reduce_internal::F16;
-  using BF16 = reduce_internal::BF16;
+  using F32 = reduce::F32;
+  using F64 = reduce::F64;
+  using F16 = reduce::F16;
+  using BF16 = reduce::BF16;
   using I8 = Int<int8_t, Epi8>;
   using U8 = Int<uint8_t, Epu8>;
   using I32 = Int<int32_t, Epi32>;
   using I64 = Int<int64_t, Epi64>;
-  using Sum = reduce_internal::Sum;
-  using Prod = reduce_internal::Prod;
-  using Min = reduce_internal::Min;
-  using Max = reduce_internal::Max;
+  using Sum = reduce::Sum;
+  using Prod = reduce::Prod;
+  using Min = reduce::Min;
+  using Max = reduce::Max;
   template <class Type, class Op>
   static ReduceFn kernel() {
     return reduce<Type, Op>;
@@ -164,7 +164,7 @@ struct Isa {
   template <class Type>
   static DivideFn divide() {
     if constexpr (kFloating<Type>) {
-      return reduce_internal::divide<Type>;
+      return reduce::divide<Type>;
     } else {
       return nullptr;
     }

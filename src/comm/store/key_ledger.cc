@@ -5,7 +5,7 @@
 #include "chorus/error.h"
 #include "comm/common/logging.h"
 
-namespace chorus::internal {
+namespace chorus::store {
 
 KeyLedger::KeyLedger(std::shared_ptr<Store> base) : base_(std::move(base)) {
   if (!base_) throw InvalidArgumentError("KeyLedger needs a base store");
@@ -73,4 +73,4 @@ size_t KeyLedger::erase_written() noexcept {
   return deleted;
 }
 
-}  // namespace chorus::internal
+}  // namespace chorus::store

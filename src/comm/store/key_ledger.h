@@ -17,7 +17,7 @@
 
 #include "chorus/store.h"
 
-namespace chorus::internal {
+namespace chorus::store {
 
 class KeyLedger final : public Store {
  public:
@@ -48,4 +48,4 @@ class KeyLedger final : public Store {
   std::set<std::string> written_;
 };
 
-}  // namespace chorus::internal
+}  // namespace chorus::store

@@ -8,7 +8,7 @@
 
 namespace chorus {
 
-using store_rules::check_key;
+using store::rules::check_key;
 
 struct InMemoryStore::State {
   std::mutex mutex;
@@ -31,7 +31,7 @@ struct InMemoryStore::State {
   bool wait_for(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
                 std::chrono::milliseconds timeout) {
     auto all_present = [&] { return missing(keys).empty(); };
-    return key_created.wait_for(lock, store_rules::bounded_timeout(timeout), all_present);
+    return key_created.wait_for(lock, store::rules::bounded_timeout(timeout), all_present);
   }
 };
 
@@ -40,7 +40,7 @@ InMemoryStore::~InMemoryStore() = default;
 
 void InMemoryStore::set(const std::string& key, const Bytes& value) {
   check_key(key);
-  store_rules::check_value(key, value);
+  store::rules::check_value(key, value);
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->data[key] = value;
@@ -52,8 +52,8 @@ Bytes InMemoryStore::get(const std::string& key) {
   check_key(key);
   std::unique_lock<std::mutex> lock(state_->mutex);
   if (!state_->wait_for(lock, {key}, timeout())) {
-    throw TimeoutError(store_rules::timeout_message(
-        "store get of key " + store_rules::quote_keys({key}, 1), timeout(), {key}, 1));
+    throw TimeoutError(store::rules::timeout_message(
+        "store get of key " + store::rules::quote_keys({key}, 1), timeout(), {key}, 1));
   }
   return *state_->find(key);
 }
@@ -63,8 +63,8 @@ int64_t InMemoryStore::add(const std::string& key, int64_t delta) {
   int64_t sum = 0;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    sum = store_rules::add_to_counter(key, state_->find(key), delta);
-    state_->data[key] = store_rules::counter_text(sum);
+    sum = store::rules::add_to_counter(key, state_->find(key), delta);
+    state_->data[key] = store::rules::counter_text(sum);
   }
   state_->key_created.notify_all();
   return sum;
@@ -73,12 +73,12 @@ int64_t InMemoryStore::add(const std::string& key, int64_t delta) {
 Bytes InMemoryStore::compare_set(const std::string& key, const Bytes& expected,
                                  const Bytes& desired) {
   check_key(key);
-  store_rules::check_value(key, desired);
+  store::rules::check_value(key, desired);
   Bytes result;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const Bytes* current = state_->find(key);
-    if (!store_rules::compare_matches(current, expected)) return current ? *current : Bytes();
+    if (!store::rules::compare_matches(current, expected)) return current ? *current : Bytes();
     result = state_->data[key] = desired;
   }
   state_->key_created.notify_all();
@@ -86,17 +86,17 @@ Bytes InMemoryStore::compare_set(const std::string& key, const Bytes& expected,
 }
 
 bool InMemoryStore::check(const std::vector<std::string>& keys) {
-  store_rules::check_keys(keys);
+  store::rules::check_keys(keys);
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->missing(keys).empty();
 }
 
 void InMemoryStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  store_rules::check_keys(keys);
+  store::rules::check_keys(keys);
   std::unique_lock<std::mutex> lock(state_->mutex);
   if (state_->wait_for(lock, keys, timeout)) return;
   std::vector<std::string> missing = state_->missing(keys);
-  throw TimeoutError(store_rules::timeout_message(
+  throw TimeoutError(store::rules::timeout_message(
       "store wait for " + std::to_string(keys.size()) + " keys", timeout, missing, missing.size()));
 }
 

@@ -5,7 +5,7 @@
 #include "chorus/error.h"
 #include "comm/store/rules.h"
 
-namespace chorus::store_pages {
+namespace chorus::store::pages {
 namespace {
 
 using std::chrono::milliseconds;
@@ -21,7 +21,7 @@ std::vector<std::string> missing_keys(Store& store, const std::vector<std::strin
   *count = 0;
   for (const std::string& key : page) {
     if (store.check({key})) continue;
-    if (listed.size() < store_rules::kMaxListedKeys) listed.push_back(key);
+    if (listed.size() < store::rules::kMaxListedKeys) listed.push_back(key);
     ++*count;
   }
   return listed;
@@ -32,7 +32,7 @@ std::vector<std::string> missing_keys(Store& store, const std::vector<std::strin
 std::vector<Bytes> wait_and_get(Store& store, const std::vector<std::string>& keys,
                                 const Deadline& deadline,
                                 const std::function<void()>& between_slices) {
-  static_assert(kPageKeys <= store_rules::kMaxKeysPerRequest);
+  static_assert(kPageKeys <= store::rules::kMaxKeysPerRequest);
   const auto start = Deadline::Clock::now();
   std::vector<Bytes> values;
   values.reserve(keys.size());
@@ -51,7 +51,7 @@ std::vector<Bytes> wait_and_get(Store& store, const std::vector<std::string>& ke
           std::vector<std::string> missing = missing_keys(store, page, &count);
           if (count == 0) break;  // the last of them came just now
           auto waited = std::chrono::duration_cast<milliseconds>(Deadline::Clock::now() - start);
-          throw TimeoutError(store_rules::timeout_message(
+          throw TimeoutError(store::rules::timeout_message(
               "store wait for " + std::to_string(keys.size()) + " keys", waited, missing, count));
         }
       }
@@ -63,4 +63,4 @@ std::vector<Bytes> wait_and_get(Store& store, const std::vector<std::string>& ke
   return values;
 }
 
-}  // namespace chorus::store_pages
+}  // namespace chorus::store::pages

@@ -1,5 +1,5 @@
 // Waiting for and reading many keys at once, as a rendezvous of every rank's key does.
-// One store request names at most store_rules::kMaxKeysPerRequest (65536) keys, fewer
+// One store request names at most store::rules::kMaxKeysPerRequest (65536) keys, fewer
 // than the documented largest world size (2^20 ranks); these helpers ask about
 // kPageKeys at a time instead, and wait in short slices so that the caller can look
 // at other keys meanwhile (a rank that learns the job cannot form gives up at once).
@@ -13,7 +13,7 @@
 #include "chorus/store.h"
 #include "comm/common/deadline.h"
 
-namespace chorus::store_pages {
+namespace chorus::store::pages {
 
 // Keys per request: a WAIT of 4096 keys of ~10 bytes is a frame of ~60 KB.
 inline constexpr size_t kPageKeys = 4096;
@@ -28,4 +28,4 @@ std::vector<Bytes> wait_and_get(Store& store, const std::vector<std::string>& ke
                                 const Deadline& deadline,
                                 const std::function<void()>& between_slices = {});
 
-}  // namespace chorus::store_pages
+}  // namespace chorus::store::pages

@@ -6,7 +6,7 @@
 #include "chorus/error.h"
 #include "comm/common/hex.h"
 
-namespace chorus::store_rules {
+namespace chorus::store::rules {
 
 void check_key(const std::string& key) {
   if (key.size() > kMaxKeyBytes) {
@@ -100,4 +100,4 @@ std::string timeout_message(const std::string& what, std::chrono::milliseconds t
          (missing_count == 1 ? "key " : "keys ") + quote_keys(missing, missing_count);
 }
 
-}  // namespace chorus::store_rules
+}  // namespace chorus::store::rules

@@ -12,7 +12,7 @@
 
 #include "chorus/store.h"
 
-namespace chorus::store_rules {
+namespace chorus::store::rules {
 
 // Limits of the Store contract.
 inline constexpr size_t kMaxKeyBytes = 4 << 10;
@@ -50,4 +50,4 @@ std::chrono::milliseconds bounded_timeout(std::chrono::milliseconds timeout);
 std::string timeout_message(const std::string& what, std::chrono::milliseconds timeout,
                             const std::vector<std::string>& missing, size_t missing_count);
 
-}  // namespace chorus::store_rules
+}  // namespace chorus::store::rules

@@ -10,7 +10,7 @@
 #include "comm/common/handshake.h"
 #include "comm/store/tcp_store_protocol.h"
 
-namespace chorus::store_server {
+namespace chorus::store::server {
 
 // Tells a refused client why (REFUSED), when its socket takes the few bytes at once;
 // the caller closes the connection.
@@ -29,6 +29,6 @@ Take take_auth(Bytes& in, handshake::Message* message, std::string* refusal);
 // Takes the next request frame out of the front of `in` into `request`. kIncomplete:
 // more bytes are needed (`in` then has room reserved for the whole frame, its length
 // checked first). kRefused: the frame is malformed or oversized, `reason` says why.
-Take take_request(Bytes& in, store_wire::Request* request, std::string* reason);
+Take take_request(Bytes& in, store::wire::Request* request, std::string* reason);
 
-}  // namespace chorus::store_server
+}  // namespace chorus::store::server

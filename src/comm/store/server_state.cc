@@ -5,13 +5,13 @@
 #include "chorus/error.h"
 #include "comm/store/rules.h"
 
-namespace chorus::store_server {
+namespace chorus::store::server {
 namespace {
 
-using store_wire::Op;
-using store_wire::Reply;
-using store_wire::ReplyKind;
-using store_wire::Request;
+using store::wire::Op;
+using store::wire::Reply;
+using store::wire::ReplyKind;
+using store::wire::Request;
 
 std::vector<std::string> distinct(std::vector<std::string> keys) {
   std::sort(keys.begin(), keys.end());
@@ -163,20 +163,20 @@ size_t ServerState::count_missing(const std::vector<std::string>& keys) const {
 Reply ServerState::add(uint64_t client, const Request& request) {
   int64_t sum = 0;
   try {
-    sum = store_rules::add_to_counter(request.key, find(request.key), request.delta);
+    sum = store::rules::add_to_counter(request.key, find(request.key), request.delta);
   } catch (const InvalidArgumentError& e) {
     Reply reply;
     reply.kind = ReplyKind::kInvalidArgument;
     reply.message = e.what();
     return reply;
   }
-  put(client, request.key, store_rules::counter_text(sum));
+  put(client, request.key, store::rules::counter_text(sum));
   return integer_reply(sum);
 }
 
 Reply ServerState::compare_set(uint64_t client, Request& request) {
   const Bytes* current = find(request.key);
-  if (!store_rules::compare_matches(current, request.expected)) {
+  if (!store::rules::compare_matches(current, request.expected)) {
     return value_reply(current ? *current : Bytes());
   }
   Reply reply = value_reply(request.value);
@@ -192,7 +192,7 @@ uint64_t ServerState::park(uint64_t client, Request& request) {
                                        : distinct(std::move(request.keys));
   waiter.missing = count_missing(waiter.keys);
   waiter.timeout_ms = request.timeout_ms;
-  auto timeout = std::min<uint64_t>(request.timeout_ms, store_rules::kLongestWait.count());
+  auto timeout = std::min<uint64_t>(request.timeout_ms, store::rules::kLongestWait.count());
   waiter.deadline = Clock::now() + std::chrono::milliseconds(timeout);
   // A zero timeout is answered by the server's next expire(), at the end of its loop turn.
   return waiters_.park(std::move(waiter));
@@ -244,10 +244,10 @@ Reply ServerState::timeout_reply(const Waiter& waiter) const {
   reply.kind = ReplyKind::kTimeout;
   reply.missing_count = static_cast<uint32_t>(waiter.missing);
   for (const std::string& key : waiter.keys) {
-    if (reply.keys.size() == store_rules::kMaxListedKeys) break;
+    if (reply.keys.size() == store::rules::kMaxListedKeys) break;
     if (!find(key)) reply.keys.push_back(key);
   }
   return reply;
 }
 
-}  // namespace chorus::store_server
+}  // namespace chorus::store::server

@@ -22,7 +22,7 @@
 #include "chorus/store.h"
 #include "comm/store/tcp_store_protocol.h"
 
-namespace chorus::store_server {
+namespace chorus::store::server {
 
 using Clock = std::chrono::steady_clock;
 
@@ -32,7 +32,7 @@ int ms_until(Clock::time_point deadline, Clock::time_point now);
 // A parked GET or WAIT. `missing` counts its keys that do not exist right now.
 struct Waiter {
   uint64_t client = 0;
-  store_wire::Op op = store_wire::Op::kWait;
+  store::wire::Op op = store::wire::Op::kWait;
   std::vector<std::string> keys;  // distinct
   size_t missing = 0;
   Clock::time_point deadline;
@@ -64,7 +64,7 @@ class WaiterTable {
 // The reply a client is owed for its parked request.
 struct Answer {
   uint64_t client = 0;
-  store_wire::Reply reply;
+  store::wire::Reply reply;
 };
 
 class ServerState {
@@ -77,7 +77,7 @@ class ServerState {
   // Carries out `request` of `client` (a decoded request, within the wire's limits).
   // Returns its reply; or parks it and returns nullopt, with `*waiter` set to the id
   // that cancel() takes.
-  std::optional<store_wire::Reply> apply(uint64_t client, store_wire::Request& request,
+  std::optional<store::wire::Reply> apply(uint64_t client, store::wire::Request& request,
                                          uint64_t* waiter);
   // The answers of parked requests finished since the last call, in the order they
   // finished.
@@ -94,13 +94,13 @@ class ServerState {
  private:
   const Bytes* find(const std::string& key) const;
   size_t count_missing(const std::vector<std::string>& keys) const;
-  store_wire::Reply add(uint64_t client, const store_wire::Request& request);
-  store_wire::Reply compare_set(uint64_t client, store_wire::Request& request);
-  uint64_t park(uint64_t client, store_wire::Request& request);
+  store::wire::Reply add(uint64_t client, const store::wire::Request& request);
+  store::wire::Reply compare_set(uint64_t client, store::wire::Request& request);
+  uint64_t park(uint64_t client, store::wire::Request& request);
   void put(uint64_t client, const std::string& key, Bytes value);
   bool erase(const std::string& key);
   void finish(uint64_t waiter_id, bool timed_out);
-  store_wire::Reply timeout_reply(const Waiter& waiter) const;
+  store::wire::Reply timeout_reply(const Waiter& waiter) const;
 
   std::unordered_map<std::string, Bytes> data_;
   std::string scoped_prefix_;
@@ -111,4 +111,4 @@ class ServerState {
   std::vector<Answer> answers_;
 };
 
-}  // namespace chorus::store_server
+}  // namespace chorus::store::server

@@ -14,42 +14,42 @@
 namespace chorus {
 namespace {
 
-using store_wire::Op;
-using store_wire::Reply;
-using store_wire::ReplyKind;
-using store_wire::Request;
+using store::wire::Op;
+using store::wire::Reply;
+using store::wire::ReplyKind;
+using store::wire::Request;
 
 // How long past its own timeout a waiting call waits for the server's TIMEOUT reply.
 constexpr std::chrono::milliseconds kReplyGrace = std::chrono::seconds(3);
 
 // "get of key 'k'", "wait of keys 'a', 'b'", "num_keys": what a call was doing.
 std::string describe(const Request& request) {
-  std::string what = store_wire::op_name(request.op);
+  std::string what = store::wire::op_name(request.op);
   if (request.op == Op::kCheck || request.op == Op::kWait) {
     return what + (request.keys.size() == 1 ? " of key " : " of keys ") +
-           store_rules::quote_keys(request.keys, request.keys.size());
+           store::rules::quote_keys(request.keys, request.keys.size());
   }
   if (request.op == Op::kNumKeys) return what;
-  return what + " of key " + store_rules::quote_keys({request.key}, 1);
+  return what + " of key " + store::rules::quote_keys({request.key}, 1);
 }
 
 // The deadline of a call that does not wait on keys.
 Deadline deadline_after(std::chrono::milliseconds timeout) {
-  return Deadline(store_rules::bounded_timeout(timeout));
+  return Deadline(store::rules::bounded_timeout(timeout));
 }
 
 // The deadline of a call that waits on keys for `timeout`: the server answers at
 // `timeout`, the grace covers the reply's trip.
 Deadline waiting_deadline(std::chrono::milliseconds timeout) {
-  return Deadline(store_rules::bounded_timeout(timeout) + kReplyGrace);
+  return Deadline(store::rules::bounded_timeout(timeout) + kReplyGrace);
 }
 
 uint64_t timeout_field(std::chrono::milliseconds timeout) {
-  return static_cast<uint64_t>(store_rules::bounded_timeout(timeout).count());
+  return static_cast<uint64_t>(store::rules::bounded_timeout(timeout).count());
 }
 
 Request keyed(Op op, const std::string& key) {
-  store_rules::check_key(key);
+  store::rules::check_key(key);
   Request request;
   request.op = op;
   request.key = key;
@@ -57,7 +57,7 @@ Request keyed(Op op, const std::string& key) {
 }
 
 Request multi_keyed(Op op, const std::vector<std::string>& keys) {
-  store_rules::check_keys(keys);
+  store::rules::check_keys(keys);
   Request request;
   request.op = op;
   request.keys = keys;
@@ -95,7 +95,7 @@ struct TcpStore::Impl {
 void TcpStore::Impl::connect(const Deadline& deadline) {
   net::Fd connected = net::connect_to(host, port, deadline, "store client");
   try {
-    store_wire::authenticate_client(connected.get(), token, deadline, where());
+    store::wire::authenticate_client(connected.get(), token, deadline, where());
   } catch (const TimeoutError& e) {
     throw TimeoutError(where() + " did not complete the authentication before the deadline (" +
                        e.what() + ")");
@@ -108,12 +108,12 @@ void TcpStore::Impl::connect(const Deadline& deadline) {
 // lost, malformed reply) or InvalidArgumentError (a request too large to send, or one
 // the server refused).
 Reply TcpStore::Impl::call(const Request& request, ReplyKind expected, const Deadline& deadline) {
-  Bytes frame = store_wire::encode_request(request);
-  if (store_wire::payload_size(frame) > store_wire::kMaxFrameBytes) {
+  Bytes frame = store::wire::encode_request(request);
+  if (store::wire::payload_size(frame) > store::wire::kMaxFrameBytes) {
     throw InvalidArgumentError("store " + describe(request) + ": the request is " +
-                               std::to_string(store_wire::payload_size(frame)) +
+                               std::to_string(store::wire::payload_size(frame)) +
                                " bytes, more than the frame limit of " +
-                               std::to_string(store_wire::kMaxFrameBytes));
+                               std::to_string(store::wire::kMaxFrameBytes));
   }
   std::lock_guard<std::mutex> lock(mutex);
   if (!fd.valid()) connect(Deadline(connect_timeout).earlier(deadline));
@@ -131,7 +131,7 @@ void TcpStore::Impl::check_reply(const Reply& reply, ReplyKind expected, const R
     std::string what = request.op == Op::kGet
                            ? describe(request)
                            : "wait for " + std::to_string(request.keys.size()) + " keys";
-    throw TimeoutError(store_rules::timeout_message(where() + ": " + what,
+    throw TimeoutError(store::rules::timeout_message(where() + ": " + what,
                                                    std::chrono::milliseconds(request.timeout_ms),
                                                    reply.keys, reply.missing_count));
   }
@@ -161,17 +161,17 @@ Reply TcpStore::Impl::exchange(const Bytes& frame, const Request& request,
 
 Reply TcpStore::Impl::read_reply(const Request& request, const Deadline& deadline) {
   std::string what = where() + ": reply to " + describe(request);
-  uint8_t prefix[store_wire::kLengthPrefixBytes];
+  uint8_t prefix[store::wire::kLengthPrefixBytes];
   net::read_full(fd.get(), prefix, sizeof prefix, deadline, what);
-  uint32_t length = store_wire::read_length_prefix(prefix);
+  uint32_t length = store::wire::read_length_prefix(prefix);
   std::string reason;
-  if (!store_wire::check_frame_length(length, &reason)) {
+  if (!store::wire::check_frame_length(length, &reason)) {
     fail<StoreError>(what + " is malformed: " + reason);
   }
   Bytes payload(length);  // length was checked above
   net::read_full(fd.get(), payload.data(), payload.size(), deadline, what);
   Reply reply;
-  if (!store_wire::decode_reply(payload, &reply, &reason)) fail<StoreError>(what + ": " + reason);
+  if (!store::wire::decode_reply(payload, &reply, &reason)) fail<StoreError>(what + ": " + reason);
   return reply;
 }
 
@@ -193,7 +193,7 @@ uint16_t TcpStore::port() const { return impl_->port; }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
   Request request = keyed(Op::kSet, key);
-  store_rules::check_value(key, value);
+  store::rules::check_value(key, value);
   request.value = value;
   impl_->call(request, ReplyKind::kOk, deadline_after(timeout()));
 }
@@ -212,8 +212,8 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 
 Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   Request request = keyed(Op::kCompareSet, key);
-  store_rules::check_value(key, expected);
-  store_rules::check_value(key, desired);
+  store::rules::check_value(key, expected);
+  store::rules::check_value(key, desired);
   request.expected = expected;
   request.value = desired;
   return impl_->call(request, ReplyKind::kValue, deadline_after(timeout())).value;

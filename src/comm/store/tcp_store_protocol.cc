@@ -7,11 +7,11 @@
 #include "comm/common/socket.h"
 #include "comm/common/wire.h"
 
-namespace chorus::store_wire {
+namespace chorus::store::wire {
 namespace {
 
-using wire::Reader;
-using wire::Writer;
+using chorus::wire::Reader;
+using chorus::wire::Writer;
 
 // A frame's writer, the length prefix still to fill in (finish_frame()).
 Writer start_frame() {
@@ -207,7 +207,7 @@ Bytes encode_reply(const Reply& reply) {
 size_t payload_size(const Bytes& frame) { return frame.size() - kLengthPrefixBytes; }
 
 uint32_t read_length_prefix(const uint8_t* prefix) {
-  return static_cast<uint32_t>(wire::get_le(prefix, kLengthPrefixBytes));
+  return static_cast<uint32_t>(chorus::wire::get_le(prefix, kLengthPrefixBytes));
 }
 
 bool check_frame_length(uint32_t length, std::string* reason) {
@@ -414,4 +414,4 @@ void authenticate_client(int fd, const std::string& token, const Deadline& deadl
   }
 }
 
-}  // namespace chorus::store_wire
+}  // namespace chorus::store::wire

@@ -71,13 +71,13 @@
 #include "comm/common/handshake.h"
 #include "comm/store/rules.h"
 
-namespace chorus::store_wire {
+namespace chorus::store::wire {
 
 // Limits of the Store contract (rules.h).
-using store_rules::kMaxKeyBytes;
-using store_rules::kMaxKeysPerRequest;
-using store_rules::kMaxListedKeys;
-using store_rules::kMaxValueBytes;
+using store::rules::kMaxKeyBytes;
+using store::rules::kMaxKeysPerRequest;
+using store::rules::kMaxListedKeys;
+using store::rules::kMaxValueBytes;
 // Room for the opcode, key and length fields next to a largest value. A frame also
 // bounds what shares it: COMPARE_SET's expected + desired, and WAIT's keys together.
 inline constexpr size_t kFrameHeaderBytes = 64 << 10;
@@ -194,4 +194,4 @@ bool check_hello_fields(std::span<const uint8_t> fields, std::string* context,
 void authenticate_client(int fd, const std::string& token, const Deadline& deadline,
                          const std::string& where);
 
-}  // namespace chorus::store_wire
+}  // namespace chorus::store::wire

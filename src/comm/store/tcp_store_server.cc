@@ -46,10 +46,10 @@
 namespace chorus {
 namespace {
 
-using store_server::Clock;
-using store_server::ms_until;
-using store_wire::Reply;
-using store_wire::Request;
+using store::server::Clock;
+using store::server::ms_until;
+using store::wire::Reply;
+using store::wire::Request;
 
 // epoll user data for the two non-client descriptors; clients count up from here.
 constexpr uint64_t kListenId = 0;
@@ -119,7 +119,7 @@ struct TcpStoreServer::Impl {
   void drop(Client& client, const std::string& reason, bool warn);
   void drop_all(const std::string& reason);
 
-  store_server::ServerState state_;
+  store::server::ServerState state_;
   std::unordered_map<uint64_t, std::unique_ptr<Client>> clients_;
   // Clients given a reply by another client's request, served after the current event.
   std::vector<uint64_t> touched_;
@@ -212,7 +212,7 @@ void TcpStoreServer::Impl::expire_authentications() {
         "did not prove the job token within " + std::to_string(auth_timeout.count()) + " ms";
     if (client.in.empty() && client.flow.stage() == handshake::Server::Stage::kHello) {
       why += " (it sent no HELLO: a chorus client older than authentication version " +
-             std::to_string(store_wire::kAuthVersion) + " waits for the server to speak first)";
+             std::to_string(store::wire::kAuthVersion) + " waits for the server to speak first)";
     }
     refuse(client, why);
   }
@@ -366,13 +366,13 @@ bool TcpStoreServer::Impl::flush(Client& client) {
 TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& client,
                                                                    Request* request) {
   std::string reason;
-  switch (store_server::take_request(client.in, request, &reason)) {
-    case store_server::Take::kIncomplete:
+  switch (store::server::take_request(client.in, request, &reason)) {
+    case store::server::Take::kIncomplete:
       return FrameResult::kIncomplete;
-    case store_server::Take::kRefused:
+    case store::server::Take::kRefused:
       drop(client, reason, true);
       return FrameResult::kDropped;
-    case store_server::Take::kReady:
+    case store::server::Take::kReady:
       break;
   }
   if (client.in.empty() && client.in.capacity() > kReadChunk) Bytes().swap(client.in);
@@ -386,17 +386,17 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::next_frame(Client& clien
 TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& client) {
   std::string reason;
   handshake::Message message;
-  switch (store_server::take_auth(client.in, &message, &reason)) {
-    case store_server::Take::kIncomplete:
+  switch (store::server::take_auth(client.in, &message, &reason)) {
+    case store::server::Take::kIncomplete:
       return FrameResult::kIncomplete;
-    case store_server::Take::kRefused:
+    case store::server::Take::kRefused:
       refuse(client, reason);
       return FrameResult::kDropped;
-    case store_server::Take::kReady:
+    case store::server::Take::kReady:
       break;
   }
   std::optional<handshake::Message> answer =
-      client.flow.take(message, store_wire::check_hello_fields);
+      client.flow.take(message, store::wire::check_hello_fields);
   if (client.flow.stage() == handshake::Server::Stage::kProved) {
     answer = client.flow.accept();
   }
@@ -405,7 +405,7 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& cli
     refuse(client, client.flow.refusal());
     return FrameResult::kDropped;
   }
-  Bytes frame = store_wire::encode_auth(*answer);
+  Bytes frame = store::wire::encode_auth(*answer);
   client.out.insert(client.out.end(), frame.begin(), frame.end());
   if (client.flow.accepted()) {
     client.authenticated = true;
@@ -420,7 +420,7 @@ TcpStoreServer::Impl::FrameResult TcpStoreServer::Impl::authenticate(Client& cli
 // socket takes it, and logs it with its address.
 void TcpStoreServer::Impl::refuse(Client& client, const std::string& reason) {
   log_refusal(client.address, reason);
-  if (!client.sending()) store_server::send_refusal(client.fd.get(), reason);  // else it would interleave
+  if (!client.sending()) store::server::send_refusal(client.fd.get(), reason);  // else it would interleave
   drop(client, "refused: " + reason, false);
 }
 
@@ -439,7 +439,7 @@ void TcpStoreServer::Impl::handle(Client& client, Request& request) {
 // Queues the answers of parked requests that finished; their clients are served after
 // the current event.
 void TcpStoreServer::Impl::deliver_answers() {
-  for (store_server::Answer& answer : state_.take_answers()) {
+  for (store::server::Answer& answer : state_.take_answers()) {
     auto it = clients_.find(answer.client);
     if (it == clients_.end()) continue;
     Client& client = *it->second;
@@ -465,7 +465,7 @@ void TcpStoreServer::Impl::serve_touched() {
 
 // Queues a reply; serve() sends it.
 void TcpStoreServer::Impl::send_reply(Client& client, const Reply& reply) {
-  Bytes frame = store_wire::encode_reply(reply);
+  Bytes frame = store::wire::encode_reply(reply);
   if (client.out.empty()) {
     client.out = std::move(frame);
   } else {

@@ -36,20 +36,20 @@ Request RoutedTransport::irecv(int peer, void* data, size_t len) {
   return part(peer).irecv(peer, data, len);
 }
 
-Arrival RoutedTransport::probe(const std::vector<int>& peers, Clock::time_point until) {
+Arrival RoutedTransport::probe(const std::vector<int>& peers, Clock::time_point until, bool shared_claim) {
   std::vector<int> local, remote;
   for (int peer : peers) (&part(peer) == node_.get() ? local : remote).push_back(peer);
-  if (remote.empty()) return node_->probe(local, until);
-  if (local.empty()) return network_->probe(remote, until);
+  if (remote.empty()) return node_->probe(local, until, shared_claim);
+  if (local.empty()) return network_->probe(remote, until, shared_claim);
   while (true) {
     // Without waiting first, so that neither part's arrivals wait out the other's turn.
-    Arrival a = node_->probe(local, Clock::now());
+    Arrival a = node_->probe(local, Clock::now(), shared_claim);
     if (a.peer >= 0) return a;
     const auto now = Clock::now();
     if (now >= until) return a;
-    a = network_->probe(remote, std::min(until, now + kTurn));
+    a = network_->probe(remote, std::min(until, now + kTurn), shared_claim);
     if (a.peer >= 0) return a;
-    a = node_->probe(local, std::min(until, Clock::now() + kTurn));
+    a = node_->probe(local, std::min(until, Clock::now() + kTurn), shared_claim);
     if (a.peer >= 0 || Clock::now() >= until) return a;
   }
 }

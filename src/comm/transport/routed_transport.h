@@ -38,7 +38,8 @@ class RoutedTransport final : public Transport {
   Request isend(int peer, const void* data, size_t len) override;
   Request irecv(int peer, void* data, size_t len) override;
   // Asks each part about its own peers; in turns of kTurn while both have some.
-  Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until) override;
+  Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until,
+                bool shared_claim) override;
   Request irecv_message(int peer, void* data, size_t len, const Signature& sig) override {
     return part(peer).irecv_message(peer, data, len, sig);
   }

@@ -16,7 +16,7 @@ bool Topology::uniform() const {
   return true;
 }
 
-namespace internal {
+namespace transport {
 
 std::string local_node_id(const std::string& override_id) {
   if (!override_id.empty()) return override_id;
@@ -62,5 +62,5 @@ Topology discover_topology(Store& store, int rank, int size, const std::string& 
   return topology_from_ids(ids, rank);
 }
 
-}  // namespace internal
+}  // namespace transport
 }  // namespace chorus

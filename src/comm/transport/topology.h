@@ -7,7 +7,7 @@
 #include "chorus/store.h"
 #include "chorus/topology.h"
 
-namespace chorus::internal {
+namespace chorus::transport {
 
 // This machine's identity: `override_id` when not empty (CHORUS_NODE_ID), else the
 // hostname and the kernel's boot id, so that two containers with the same hostname on
@@ -21,4 +21,4 @@ Topology topology_from_ids(const std::vector<std::string>& ids, int rank);
 // communicator) and reads every rank's; waits up to the store's timeout.
 Topology discover_topology(Store& store, int rank, int size, const std::string& node_id);
 
-}  // namespace chorus::internal
+}  // namespace chorus::transport

@@ -59,7 +59,7 @@ std::string describe_call(uint8_t code, const char* name, uint64_t seq, bool p2p
   return s;
 }
 
-Arrival Transport::probe(const std::vector<int>&, std::chrono::steady_clock::time_point) {
+Arrival Transport::probe(const std::vector<int>&, std::chrono::steady_clock::time_point, bool) {
   throw std::logic_error("this transport carries no send/recv messages to probe");
 }
 

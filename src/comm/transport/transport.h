@@ -169,7 +169,15 @@ class Transport {
   // `peers` that died, aborted or left, the operation's deadline, interrupt(). Also
   // consumes and checks what is not a message (waiting frames). Transports that carry
   // no send/recv (views) throw std::logic_error.
-  virtual Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until);
+  //
+  // With `shared_claim` (a receive whose RecvClaim a receive on another communicator
+  // may take), a peer that can no longer send this receive a message is no error while
+  // the deadline lasts: one that left, or whose next frame belongs to a later
+  // operation (a collective it began once the other communicator had its message).
+  // Such a peer is left as it is, and probe() returns peer -1 at `until` as usual, so
+  // that the caller sees whether the claim was taken; at the deadline it times out.
+  virtual Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until,
+                        bool shared_claim);
   // Like irecv(), of a send/recv message that probe() announced with `sig`: the
   // message's own call is expected rather than this operation's (the caller keeps a
   // message that arrived before its receive was posted, and compares later).

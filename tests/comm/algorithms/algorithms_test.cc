@@ -108,7 +108,7 @@ void on_ranks(int size, const std::function<void(RankContext&)>& body,
       RankContext rc(t);
       return body(rc);
     }
-    RankContext rc(t, internal::topology_from_ids(node_ids, t.rank()));
+    RankContext rc(t, transport::topology_from_ids(node_ids, t.rank()));
     body(rc);
   });
 }

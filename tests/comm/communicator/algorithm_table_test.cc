@@ -14,7 +14,7 @@
 #include "chorus/communicator.h"
 #include "comm/communicator/plan.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 namespace {
 
 // The enumerators of `enum class Algorithm` in include/chorus/communicator.h, in order.
@@ -93,4 +93,4 @@ TEST(AlgorithmTable, EveryCollectiveHasAnAlgorithmOverTcp) {
 }
 
 }  // namespace
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

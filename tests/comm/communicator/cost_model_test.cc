@@ -9,7 +9,7 @@
 #include "chorus/store.h"
 #include "comm/communicator/cost_model.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 namespace {
 
 constexpr Algorithm kFlat[] = {Algorithm::kRecursiveDoubling, Algorithm::kHalvingDoubling,
@@ -175,4 +175,4 @@ TEST(CostModel, TheDirectPathIsPredictedFasterThanTheSegmentPath) {
 }
 
 }  // namespace
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

@@ -12,7 +12,7 @@
 
 #include "comm/communicator/progress_engine.h"
 
-namespace chorus::internal {
+namespace chorus::communicator {
 namespace {
 
 struct FakeOp {
@@ -207,4 +207,4 @@ TEST(ProgressEngine, WithASpareCoreTheHelperStopsAtItsOperation) {
 }
 
 }  // namespace
-}  // namespace chorus::internal
+}  // namespace chorus::communicator

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "chorus/communicator.h"
@@ -136,6 +137,10 @@ TEST_P(TaggedP2PTest, ClaimSharedByTwoCommunicatorsTakesOneMessage) {
       float x = static_cast<float>(rank + 1);
       // Rank 0 sends on `c`, rank 2 on `other`.
       (rank == 0 ? c : *other).send(&x, 1, kF32, 1, 4).wait();
+      // Both communicators stay until rank 1 has both messages: a sender that left
+      // would fail the receive still waiting on it (its source's goodbye), whichever
+      // of the two receives the claim would have let win.
+      c.barrier().wait();
       return;
     }
     std::vector<int> got;
@@ -154,7 +159,75 @@ TEST_P(TaggedP2PTest, ClaimSharedByTwoCommunicatorsTakesOneMessage) {
     }
     std::sort(got.begin(), got.end());
     EXPECT_EQ(got, (std::vector<int>{0, 2}));
+    c.barrier().wait();
   }, options());
+}
+
+// The receive that loses the claim can no longer get a message from its source, who has
+// gone on to the next collective (rank 0's barrier frame arrives while the receive
+// still looks): it completes with source -1, leaving the frame to the barrier.
+TEST_P(TaggedP2PTest, ClaimLoserLeavesTheNextCollectiveItsFrame) {
+  test::run_ranks(3, [](Communicator& c) {
+    std::shared_ptr<Communicator> other = c.split(0, c.rank());
+    if (c.rank() == 2) {
+      float x = 3;
+      other->send(&x, 1, kF32, 1, 4).wait();
+    } else if (c.rank() == 1) {
+      auto claim = std::make_shared<RecvClaim>();
+      float a = 0, b = 0;
+      Work wa = c.recv_any(&a, 1, kF32, 4, {0}, claim);
+      Work wb = other->recv_any(&b, 1, kF32, 4, {2}, claim);
+      wb.wait();
+      wa.wait();
+      EXPECT_EQ(wb.source(), 2);
+      EXPECT_EQ(b, 3.f);
+      EXPECT_EQ(wa.source(), -1);
+    }
+    c.barrier().wait();  // rank 0 goes here at once
+  }, options());
+}
+
+// The receive whose only source left (rank 2 sends nothing and destroys the
+// communicator) waits for the claim rather than failing: the receive on the other
+// communicator takes rank 0's later message, and the first completes with -1.
+TEST_P(TaggedP2PTest, ClaimWhoseSourceLeftWaitsForTheOtherReceive) {
+  test::run_ranks(3, [](Communicator& c) {
+    std::shared_ptr<Communicator> other = c.split(0, c.rank());
+    if (c.rank() == 2) {
+      other.reset();  // its goodbye reaches rank 1 first
+    } else if (c.rank() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      float x = 1;
+      c.send(&x, 1, kF32, 1, 4).wait();
+    } else {
+      auto claim = std::make_shared<RecvClaim>();
+      float a = 0, b = 0;
+      Work wb = other->recv_any(&b, 1, kF32, 4, {2}, claim);
+      Work wa = c.recv_any(&a, 1, kF32, 4, {0}, claim);
+      wa.wait();
+      wb.wait();
+      EXPECT_EQ(wa.source(), 0);
+      EXPECT_EQ(a, 1.f);
+      EXPECT_EQ(wb.source(), -1);
+    }
+    c.barrier().wait();
+  }, options());
+}
+
+// A claim nobody takes, whose sources left: no hang, the deadline's TimeoutError.
+TEST_P(TaggedP2PTest, ClaimNobodyTakesTimesOutAfterItsSourceLeft) {
+  CommOptions o = options();
+  o.timeout = std::chrono::milliseconds(1500);
+  test::run_ranks(2, [](Communicator& c) {
+    std::shared_ptr<Communicator> other = c.split(0, c.rank());
+    if (c.rank() == 0) {
+      other.reset();
+      return;
+    }
+    float b = 0;
+    EXPECT_THROW(other->recv_any(&b, 1, kF32, 4, {0}, std::make_shared<RecvClaim>()).wait(),
+                 TimeoutError);
+  }, o);
 }
 
 // A held message (tag 1) that its receive asks for with another count: PeerError naming

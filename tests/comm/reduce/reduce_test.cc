@@ -417,7 +417,7 @@ float float_of(uint32_t u) {
 TEST(ReducePortableConversions, HalfToFloatMatchesOnEveryHalf) {
   for (uint32_t h = 0; h < 65536; ++h) {
     auto v = static_cast<uint16_t>(h);
-    ASSERT_EQ(bits_of(reduce_internal::portable_half_to_float(v)), bits_of(half_to_float(v)))
+    ASSERT_EQ(bits_of(reduce::portable_half_to_float(v)), bits_of(half_to_float(v)))
         << "half 0x" << std::hex << h;
   }
 }
@@ -426,8 +426,8 @@ TEST(ReducePortableConversions, HalfToFloatMatchesOnEveryHalf) {
 std::string float_conversion_mismatch(uint32_t x) {
   for (uint32_t bits : {x, x | 0x80000000u}) {
     float f = float_of(bits);
-    uint16_t half = reduce_internal::portable_float_to_half(f);
-    uint16_t bf16 = reduce_internal::portable_float_to_bfloat16(f);
+    uint16_t half = reduce::portable_float_to_half(f);
+    uint16_t bf16 = reduce::portable_float_to_bfloat16(f);
     if (half != float_to_half(f) || bf16 != float_to_bfloat16(f)) {
       char text[96];
       std::snprintf(text, sizeof text,
@@ -453,8 +453,8 @@ TEST(ReducePortableConversions, FloatToHalfAndBFloat16Match) {
   for (uint32_t x = 0x33000000 - 16; x < 0x38800000 + 16; ++x) {
     // A plain comparison first: this loop runs 92 million times.
     float f = float_of(x);
-    if (reduce_internal::portable_float_to_half(f) == float_to_half(f) &&
-        reduce_internal::portable_float_to_half(-f) == float_to_half(-f)) {
+    if (reduce::portable_float_to_half(f) == float_to_half(f) &&
+        reduce::portable_float_to_half(-f) == float_to_half(-f)) {
       continue;
     }
     ASSERT_EQ(float_conversion_mismatch(x), "");

@@ -32,9 +32,9 @@ using namespace test;
 Bytes read_store_frame(int fd, Bytes* raw = nullptr) {
   uint8_t prefix[4];
   net::read_full(fd, prefix, 4, Deadline(10s), "test: frame length");
-  uint32_t length = store_wire::read_length_prefix(prefix);
-  EXPECT_LE(length, store_wire::kMaxAuthFrameBytes);
-  Bytes payload(std::min<size_t>(length, store_wire::kMaxAuthFrameBytes));
+  uint32_t length = store::wire::read_length_prefix(prefix);
+  EXPECT_LE(length, store::wire::kMaxAuthFrameBytes);
+  Bytes payload(std::min<size_t>(length, store::wire::kMaxAuthFrameBytes));
   net::read_full(fd, payload.data(), payload.size(), Deadline(10s), "test: frame");
   if (raw) {
     raw->insert(raw->end(), prefix, prefix + 4);
@@ -49,12 +49,12 @@ handshake::Message read_auth(int fd, Bytes* raw = nullptr) {
   Bytes payload = read_store_frame(fd, raw);
   handshake::Message message;
   std::string reason;
-  EXPECT_TRUE(store_wire::decode_auth(payload, &message, &reason)) << reason;
+  EXPECT_TRUE(store::wire::decode_auth(payload, &message, &reason)) << reason;
   return message;
 }
 
 void send_auth(int fd, const handshake::Message& message) {
-  send_bytes(fd, store_wire::encode_auth(message));
+  send_bytes(fd, store::wire::encode_auth(message));
 }
 
 handshake::Message of_kind(Kind kind) {
@@ -67,7 +67,7 @@ handshake::Message of_kind(Kind kind) {
 handshake::Message client_proof(const std::string& token, const auth::Nonce& client_nonce,
                                 const auth::Nonce& server_nonce) {
   handshake::Message proof = of_kind(Kind::kProof);
-  proof.proof = auth::prove(token, store_wire::kAuthContext, auth::Role::kClient, client_nonce,
+  proof.proof = auth::prove(token, store::wire::kAuthContext, auth::Role::kClient, client_nonce,
                             server_nonce);
   return proof;
 }
@@ -75,47 +75,47 @@ handshake::Message client_proof(const std::string& token, const auth::Nonce& cli
 // Every store connection's first message: the client's HELLO (the common flow of
 // comm/common/handshake.h, in the store's frames).
 TEST(SecurityStoreProtocol, AuthMessagesRoundTripAndRefuseGarbage) {
-  handshake::Message hello = store_wire::hello_message(auth::make_nonce());
+  handshake::Message hello = store::wire::hello_message(auth::make_nonce());
   handshake::Message proof = client_proof("t", hello.nonce, auth::make_nonce());
   handshake::Message back;
   std::string reason;
   for (const handshake::Message& m : {hello, proof}) {
-    Bytes frame = store_wire::encode_auth(m);
-    ASSERT_TRUE(store_wire::decode_auth(std::span(frame).subspan(4), &back, &reason)) << reason;
+    Bytes frame = store::wire::encode_auth(m);
+    ASSERT_TRUE(store::wire::decode_auth(std::span(frame).subspan(4), &back, &reason)) << reason;
     EXPECT_EQ(back.kind, m.kind);
     EXPECT_EQ(back.nonce, m.nonce);
     EXPECT_EQ(back.proof, m.proof);
     EXPECT_EQ(back.fields, m.fields);
     // Every truncation is refused.
     for (size_t n = 4; n < frame.size(); ++n) {
-      EXPECT_FALSE(store_wire::decode_auth(std::span(frame).subspan(4, n - 4), &back, &reason));
+      EXPECT_FALSE(store::wire::decode_auth(std::span(frame).subspan(4, n - 4), &back, &reason));
     }
   }
   // The store's HELLO field is its auth version, checked by its hook.
   std::string context;
-  EXPECT_TRUE(store_wire::check_hello_fields(hello.fields, &context, &reason)) << reason;
-  EXPECT_EQ(context, store_wire::kAuthContext);
-  handshake::Message v1 = store_wire::hello_message(auth::make_nonce(), 1);
-  EXPECT_FALSE(store_wire::check_hello_fields(v1.fields, &context, &reason));
+  EXPECT_TRUE(store::wire::check_hello_fields(hello.fields, &context, &reason)) << reason;
+  EXPECT_EQ(context, store::wire::kAuthContext);
+  handshake::Message v1 = store::wire::hello_message(auth::make_nonce(), 1);
+  EXPECT_FALSE(store::wire::check_hello_fields(v1.fields, &context, &reason));
   EXPECT_EQ(reason, "authentication version differs (client 1, here 2)");
   // A version-1 server's first frame, SERVER_HELLO, is named as such.
   Bytes server_hello(1 + 4 + auth::kNonceBytes, 0);
   server_hello[0] = 0xA1;
   server_hello[1] = 1;
-  EXPECT_FALSE(store_wire::decode_auth(server_hello, &back, &reason));
+  EXPECT_FALSE(store::wire::decode_auth(server_hello, &back, &reason));
   EXPECT_TRUE(contains(reason, "got a SERVER_HELLO of authentication version 1")) << reason;
   // A request where the authentication belongs, and a hostile message length.
-  store_wire::Request set;
-  set.op = store_wire::Op::kSet;
+  store::wire::Request set;
+  set.op = store::wire::Op::kSet;
   set.key = "k";
-  Bytes request = store_wire::encode_request(set);
-  EXPECT_FALSE(store_wire::decode_auth(std::span(request).subspan(4), &back, &reason));
+  Bytes request = store::wire::encode_request(set);
+  EXPECT_FALSE(store::wire::decode_auth(std::span(request).subspan(4), &back, &reason));
   EXPECT_TRUE(contains(reason, "set request before the authentication")) << reason;
   Bytes refused = {0xA4, 0xff, 0xff, 0xff, 0xff};
-  EXPECT_FALSE(store_wire::decode_auth(refused, &back, &reason));
+  EXPECT_FALSE(store::wire::decode_auth(refused, &back, &reason));
   EXPECT_TRUE(contains(reason, "exceeds the limit")) << reason;
-  EXPECT_FALSE(store_wire::check_auth_frame_length(store_wire::kMaxAuthFrameBytes + 1, &reason));
-  EXPECT_TRUE(store_wire::check_auth_frame_length(store_wire::kMaxAuthFrameBytes, &reason));
+  EXPECT_FALSE(store::wire::check_auth_frame_length(store::wire::kMaxAuthFrameBytes + 1, &reason));
+  EXPECT_TRUE(store::wire::check_auth_frame_length(store::wire::kMaxAuthFrameBytes, &reason));
 }
 
 // ---- The store ----
@@ -145,16 +145,16 @@ TEST(SecurityStore, WrongTokenIsRefusedLoggedAndWritesNothing) {
   // A raw client that fails the proof and sends a SET right behind it: the set must not
   // land, the server closes the connection instead.
   net::Fd raw = net::connect_to(kLoopback, server.port(), Deadline(10s), "raw client");
-  handshake::Message hello = store_wire::hello_message(auth::make_nonce());
+  handshake::Message hello = store::wire::hello_message(auth::make_nonce());
   send_auth(raw.get(), hello);
   handshake::Message challenge = read_auth(raw.get());
   ASSERT_EQ(challenge.kind, Kind::kChallenge);
-  Bytes frames = store_wire::encode_auth(client_proof("wrong", hello.nonce, challenge.nonce));
-  store_wire::Request set;
-  set.op = store_wire::Op::kSet;
+  Bytes frames = store::wire::encode_auth(client_proof("wrong", hello.nonce, challenge.nonce));
+  store::wire::Request set;
+  set.op = store::wire::Op::kSet;
   set.key = "stolen";
   set.value = {1, 2, 3};
-  Bytes request = store_wire::encode_request(set);
+  Bytes request = store::wire::encode_request(set);
   frames.insert(frames.end(), request.begin(), request.end());
   send_bytes(raw.get(), frames);
   handshake::Message answer = read_auth(raw.get());
@@ -225,12 +225,12 @@ TEST(SecurityStore, UnauthenticatedConnectionsAreDroppedAndOthersServed) {
   }
   EXPECT_LT(Clock::now() - start, kAuthTimeout) << "a silent client held the server up";
 
-  store_wire::Request set;
-  set.op = store_wire::Op::kSet;
+  store::wire::Request set;
+  set.op = store::wire::Op::kSet;
   set.key = "old";
   set.value = {1};
   net::Fd old = net::connect_to(kLoopback, server.port(), Deadline(10s), "old protocol");
-  send_bytes(old.get(), store_wire::encode_request(set));
+  send_bytes(old.get(), store::wire::encode_request(set));
   net::Fd garbage = net::connect_to(kLoopback, server.port(), Deadline(10s), "garbage");
   std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
   send_bytes(garbage.get(), Bytes(http.begin(), http.end()));
@@ -342,13 +342,13 @@ TEST(SecurityStore, TokenIsNeverOnTheWire) {
     send_auth(fd.get(), challenge);
     read_auth(fd.get(), &from_client);  // PROOF
     handshake::Message answer = of_kind(Kind::kAccepted);
-    answer.proof = auth::prove(token, store_wire::kAuthContext, auth::Role::kServer, hello.nonce,
+    answer.proof = auth::prove(token, store::wire::kAuthContext, auth::Role::kServer, hello.nonce,
                                challenge.nonce);
     send_auth(fd.get(), answer);
     Bytes request;
     read_store_frame(fd.get(), &request);
     from_client.insert(from_client.end(), request.begin(), request.end());
-    send_bytes(fd.get(), store_wire::encode_reply(store_wire::Reply{}));
+    send_bytes(fd.get(), store::wire::encode_reply(store::wire::Reply{}));
   });
   {
     TcpStore store(kLoopback, port, 10s, token);
@@ -364,7 +364,7 @@ TEST(SecurityStore, TokenIsNeverOnTheWire) {
   TcpStoreServer server(kLoopback, 0, server_options(token));
   net::Fd raw = net::connect_to(kLoopback, server.port(), Deadline(10s), "raw");
   Bytes from_server;
-  handshake::Message hello = store_wire::hello_message(auth::make_nonce());
+  handshake::Message hello = store::wire::hello_message(auth::make_nonce());
   send_auth(raw.get(), hello);
   handshake::Message challenge = read_auth(raw.get(), &from_server);
   ASSERT_EQ(challenge.kind, Kind::kChallenge);
@@ -385,7 +385,7 @@ TEST_F(SecurityAllowListEnv, StoreRefusesAddressesNotListed) {
   net::Fd other = connect_from("127.0.0.2", server.port());
   std::string where = "store at 127.0.0.1:" + std::to_string(server.port());
   std::string message = error_of<StoreError>(
-      [&] { store_wire::authenticate_client(other.get(), "t", Deadline(10s), where); });
+      [&] { store::wire::authenticate_client(other.get(), "t", Deadline(10s), where); });
   std::string log = testing::internal::GetCapturedStderr();
   EXPECT_TRUE(contains(message, where + " refused this process: address 127.0.0.2 is not in "
                                         "the allow-list " + file.path()))
@@ -412,22 +412,22 @@ TEST_F(SecurityAllowListEnv, HcclWhitelistDisableTurnsTheStoreCheckOff) {
     TcpStoreServer server(kLoopback, 0, options);
     net::Fd other = connect_from("127.0.0.2", server.port());
     std::string message = error_of<StoreError>(
-        [&] { store_wire::authenticate_client(other.get(), "t", Deadline(10s), "store"); });
+        [&] { store::wire::authenticate_client(other.get(), "t", Deadline(10s), "store"); });
     EXPECT_TRUE(contains(message, "127.0.0.2 is not in the allow-list")) << message;
     EXPECT_TRUE(contains(message, "HCCL_WHITELIST_FILE")) << message;
   }
   env_.set("HCCL_WHITELIST_DISABLE", "1");
   TcpStoreServer server(kLoopback, 0, options);
   net::Fd other = connect_from("127.0.0.2", server.port());
-  store_wire::authenticate_client(other.get(), "t", Deadline(10s), "store");
-  store_wire::Request request;
-  request.op = store_wire::Op::kNumKeys;
-  send_bytes(other.get(), store_wire::encode_request(request));
+  store::wire::authenticate_client(other.get(), "t", Deadline(10s), "store");
+  store::wire::Request request;
+  request.op = store::wire::Op::kNumKeys;
+  send_bytes(other.get(), store::wire::encode_request(request));
   Bytes payload = read_store_frame(other.get());
-  store_wire::Reply reply;
+  store::wire::Reply reply;
   std::string reason;
-  ASSERT_TRUE(store_wire::decode_reply(payload, &reply, &reason)) << reason;
-  EXPECT_EQ(reply.kind, store_wire::ReplyKind::kInteger);
+  ASSERT_TRUE(store::wire::decode_reply(payload, &reply, &reason)) << reason;
+  EXPECT_EQ(reply.kind, store::wire::ReplyKind::kInteger);
 }
 
 }  // namespace

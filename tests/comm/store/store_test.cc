@@ -32,10 +32,10 @@ namespace chorus {
 namespace {
 
 using namespace std::chrono_literals;
-using store_wire::Op;
-using store_wire::Reply;
-using store_wire::ReplyKind;
-using store_wire::Request;
+using store::wire::Op;
+using store::wire::Reply;
+using store::wire::ReplyKind;
+using store::wire::Request;
 
 constexpr auto kTestDeadline = 30s;
 const char kLoopback[] = "127.0.0.1";
@@ -300,10 +300,10 @@ TEST_P(StoreTest, NumKeys) {
 }
 
 TEST_P(StoreTest, RefusesOversizedKeysAndValues) {
-  std::string long_key(store_wire::kMaxKeyBytes + 1, 'k');
+  std::string long_key(store::wire::kMaxKeyBytes + 1, 'k');
   error_of<InvalidArgumentError>([&] { store_->set(long_key, std::string("v")); });
   error_of<InvalidArgumentError>([&] { store_->wait({"ok", long_key}, 0ms); });
-  Bytes huge(store_wire::kMaxValueBytes + 1);
+  Bytes huge(store::wire::kMaxValueBytes + 1);
   error_of<InvalidArgumentError>([&] { store_->set("huge", huge); });
   EXPECT_EQ(store_->num_keys(), 0);
 }
@@ -362,7 +362,7 @@ TEST(PrefixStoreTest, NeedsABase) {
 // ---- Wire protocol ----
 
 std::span<const uint8_t> payload_of(const Bytes& frame) {
-  return std::span<const uint8_t>(frame).subspan(store_wire::kLengthPrefixBytes);
+  return std::span<const uint8_t>(frame).subspan(store::wire::kLengthPrefixBytes);
 }
 
 std::vector<Request> sample_requests() {
@@ -397,11 +397,11 @@ std::vector<Request> sample_requests() {
 
 TEST(StoreProtocolTest, RequestsRoundTrip) {
   for (const Request& in : sample_requests()) {
-    Bytes frame = store_wire::encode_request(in);
-    EXPECT_EQ(store_wire::read_length_prefix(frame.data()), store_wire::payload_size(frame));
+    Bytes frame = store::wire::encode_request(in);
+    EXPECT_EQ(store::wire::read_length_prefix(frame.data()), store::wire::payload_size(frame));
     Request out;
     std::string reason;
-    ASSERT_TRUE(store_wire::decode_request(payload_of(frame), &out, &reason)) << reason;
+    ASSERT_TRUE(store::wire::decode_request(payload_of(frame), &out, &reason)) << reason;
     EXPECT_EQ(out.op, in.op);
     EXPECT_EQ(out.key, in.key);
     EXPECT_EQ(out.keys, in.keys);
@@ -427,10 +427,10 @@ TEST(StoreProtocolTest, RepliesRoundTrip) {
   replies[5].kind = ReplyKind::kInvalidArgument;
   replies[5].message = "no";
   for (const Reply& in : replies) {
-    Bytes frame = store_wire::encode_reply(in);
+    Bytes frame = store::wire::encode_reply(in);
     Reply out;
     std::string reason;
-    ASSERT_TRUE(store_wire::decode_reply(payload_of(frame), &out, &reason)) << reason;
+    ASSERT_TRUE(store::wire::decode_reply(payload_of(frame), &out, &reason)) << reason;
     EXPECT_EQ(out.kind, in.kind);
     EXPECT_EQ(out.value, in.value);
     EXPECT_EQ(out.integer, in.integer);
@@ -443,23 +443,23 @@ TEST(StoreProtocolTest, RepliesRoundTrip) {
 
 TEST(StoreProtocolTest, EveryTruncationIsRefusedWithAReason) {
   for (const Request& in : sample_requests()) {
-    Bytes frame = store_wire::encode_request(in);
+    Bytes frame = store::wire::encode_request(in);
     auto payload = payload_of(frame);
     for (size_t cut = 0; cut < payload.size(); ++cut) {
       Request out;
       std::string reason;
-      EXPECT_FALSE(store_wire::decode_request(payload.first(cut), &out, &reason));
+      EXPECT_FALSE(store::wire::decode_request(payload.first(cut), &out, &reason));
       EXPECT_TRUE(contains(reason, "malformed")) << reason;
     }
   }
 }
 
 TEST(StoreProtocolTest, TrailingBytesAreRefused) {
-  Bytes frame = store_wire::encode_request(sample_requests().back());
+  Bytes frame = store::wire::encode_request(sample_requests().back());
   frame.push_back(0);
   Request out;
   std::string reason;
-  EXPECT_FALSE(store_wire::decode_request(payload_of(frame), &out, &reason));
+  EXPECT_FALSE(store::wire::decode_request(payload_of(frame), &out, &reason));
   EXPECT_TRUE(contains(reason, "1 unexpected bytes")) << reason;
 }
 
@@ -471,7 +471,7 @@ void put_u32(Bytes& b, uint32_t v) {
 std::string decode_failure(const Bytes& payload) {
   Request out;
   std::string reason;
-  EXPECT_FALSE(store_wire::decode_request(payload, &out, &reason));
+  EXPECT_FALSE(store::wire::decode_request(payload, &out, &reason));
   return reason;
 }
 
@@ -505,10 +505,10 @@ TEST(StoreProtocolTest, LengthsAndCountsAreCheckedBeforeUse) {
 
 TEST(StoreProtocolTest, FrameLengthLimits) {
   std::string reason;
-  EXPECT_TRUE(store_wire::check_frame_length(1, &reason));
-  EXPECT_TRUE(store_wire::check_frame_length(store_wire::kMaxFrameBytes, &reason));
-  EXPECT_FALSE(store_wire::check_frame_length(0, &reason));
-  EXPECT_FALSE(store_wire::check_frame_length(store_wire::kMaxFrameBytes + 1, &reason));
+  EXPECT_TRUE(store::wire::check_frame_length(1, &reason));
+  EXPECT_TRUE(store::wire::check_frame_length(store::wire::kMaxFrameBytes, &reason));
+  EXPECT_FALSE(store::wire::check_frame_length(0, &reason));
+  EXPECT_FALSE(store::wire::check_frame_length(store::wire::kMaxFrameBytes + 1, &reason));
   EXPECT_TRUE(contains(reason, "exceeds the limit")) << reason;
 }
 
@@ -521,8 +521,8 @@ TEST(StoreProtocolTest, RandomPayloadsNeverCrashTheDecoder) {
     Request request;
     Reply reply;
     std::string reason;
-    store_wire::decode_request(payload, &request, &reason);
-    store_wire::decode_reply(payload, &reply, &reason);
+    store::wire::decode_request(payload, &request, &reason);
+    store::wire::decode_reply(payload, &reply, &reason);
   }
 }
 
@@ -534,7 +534,7 @@ class RawClient {
  public:
   explicit RawClient(uint16_t port)
       : fd_(net::connect_to(kLoopback, port, Deadline(10s), "raw test client")) {
-    store_wire::authenticate_client(fd_.get(), settings::job_token(), Deadline(10s),
+    store::wire::authenticate_client(fd_.get(), settings::job_token(), Deadline(10s),
                                     "raw test client");
   }
 
@@ -544,11 +544,11 @@ class RawClient {
   Reply receive() {
     uint8_t prefix[4];
     net::read_full(fd_.get(), prefix, 4, Deadline(10s), "raw receive");
-    Bytes payload(store_wire::read_length_prefix(prefix));
+    Bytes payload(store::wire::read_length_prefix(prefix));
     net::read_full(fd_.get(), payload.data(), payload.size(), Deadline(10s), "raw receive");
     Reply reply;
     std::string reason;
-    EXPECT_TRUE(store_wire::decode_reply(payload, &reply, &reason)) << reason;
+    EXPECT_TRUE(store::wire::decode_reply(payload, &reply, &reason)) << reason;
     return reply;
   }
   // True when the server closes the connection before the deadline.
@@ -660,7 +660,7 @@ TEST_F(TcpStoreTest, SixtyFourClientsAtOnce) {
 // pages, while another client is still setting them.
 TEST_F(TcpStoreTest, PagedWaitAndGetGoPastTheKeysPerRequestLimit) {
   constexpr size_t kKeys = 70000;
-  static_assert(kKeys > store_wire::kMaxKeysPerRequest);
+  static_assert(kKeys > store::wire::kMaxKeysPerRequest);
   std::vector<std::string> keys;
   for (size_t i = 0; i < kKeys; ++i) keys.push_back("page/" + std::to_string(i));
   std::string message = error_of<InvalidArgumentError>([&] { store_->wait(keys, 1s); });
@@ -685,7 +685,7 @@ TEST_F(TcpStoreTest, PagedWaitAndGetGoPastTheKeysPerRequestLimit) {
   int slices = 0;
   std::vector<Bytes> values;
   try {
-    values = store_pages::wait_and_get(*store_, keys, Deadline(120s), [&] {
+    values = store::pages::wait_and_get(*store_, keys, Deadline(120s), [&] {
       if (slices++ == 0) setters[kWriters]->set(keys[kKeys - 1], std::to_string(kKeys - 1));
     });
   } catch (const Error& e) {
@@ -699,22 +699,22 @@ TEST_F(TcpStoreTest, PagedWaitAndGetGoPastTheKeysPerRequestLimit) {
   EXPECT_EQ(wrong, 0u);
   // Once they are all there, what a rank's reading of every address costs.
   const auto again = std::chrono::steady_clock::now();
-  EXPECT_EQ(store_pages::wait_and_get(*store_, keys, Deadline(120s)).size(), kKeys);
+  EXPECT_EQ(store::pages::wait_and_get(*store_, keys, Deadline(120s)).size(), kKeys);
   double read_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - again).count();
   std::printf("[ store    ] %zu keys set, waited for and read in pages of %zu in %.1f s "
               "(%d slices waited while they were being set); read again in %.1f s\n",
-              kKeys, store_pages::kPageKeys, seconds, slices, read_seconds);
+              kKeys, store::pages::kPageKeys, seconds, slices, read_seconds);
   // A key that never comes: the deadline names it and how many were missing.
   keys.push_back("page/never");
   message = error_of<TimeoutError>(
-      [&] { store_pages::wait_and_get(*store_, keys, Deadline(300ms)); });
+      [&] { store::pages::wait_and_get(*store_, keys, Deadline(300ms)); });
   EXPECT_TRUE(contains(message, "store wait for 70001 keys timed out after ")) << message;
   EXPECT_TRUE(contains(message, "; missing key 'page/never'")) << message;
 }
 
 TEST_F(TcpStoreTest, LargestValueRoundTrips) {
-  Bytes value(store_wire::kMaxValueBytes);
+  Bytes value(store::wire::kMaxValueBytes);
   for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<uint8_t>(i * 31 + 7);
   store_->set("big", value);
   EXPECT_EQ(connect()->get("big"), value);
@@ -784,9 +784,9 @@ TEST_F(TcpStoreTest, PipelinedRequestsAreAnsweredInOrder) {
   Request get;
   get.op = Op::kGet;
   get.key = "after-wait";
-  Bytes all = store_wire::encode_request(wait);
+  Bytes all = store::wire::encode_request(wait);
   for (const Request& r : {set, get}) {
-    Bytes frame = store_wire::encode_request(r);
+    Bytes frame = store::wire::encode_request(r);
     all.insert(all.end(), frame.begin(), frame.end());
   }
   raw.send(all);
@@ -816,7 +816,7 @@ TEST_F(TcpStoreTest, WaiterThatDisconnectsIsForgotten) {
   wait.op = Op::kWait;
   wait.keys = {"later"};
   wait.timeout_ms = 60000;
-  waiter.send(store_wire::encode_request(wait));
+  waiter.send(store::wire::encode_request(wait));
   waiter.close();  // the server reads the request before the hang-up, so it parks it first
   ASSERT_TRUE(eventually([&] { return server_->num_clients() == 1; }));
   store_->set("later", std::string("now"));  // its waiter's client is gone: nothing to answer
@@ -894,16 +894,16 @@ class SilentServer {
     for (int message = 0; message < 2; ++message) {  // HELLO, then PROOF
       uint8_t prefix[4];
       net::read_full(fd, prefix, 4, Deadline(10s), "silent server");
-      Bytes payload(store_wire::read_length_prefix(prefix));
-      ASSERT_LE(payload.size(), store_wire::kMaxAuthFrameBytes);
+      Bytes payload(store::wire::read_length_prefix(prefix));
+      ASSERT_LE(payload.size(), store::wire::kMaxAuthFrameBytes);
       net::read_full(fd, payload.data(), payload.size(), Deadline(10s), "silent server");
       handshake::Message in;
       std::string reason;
-      ASSERT_TRUE(store_wire::decode_auth(payload, &in, &reason)) << reason;
-      std::optional<handshake::Message> answer = server.take(in, store_wire::check_hello_fields);
+      ASSERT_TRUE(store::wire::decode_auth(payload, &in, &reason)) << reason;
+      std::optional<handshake::Message> answer = server.take(in, store::wire::check_hello_fields);
       if (server.stage() == handshake::Server::Stage::kProved) answer = server.accept();
       ASSERT_TRUE(answer.has_value());
-      Bytes frame = store_wire::encode_auth(*answer);
+      Bytes frame = store::wire::encode_auth(*answer);
       net::write_full(fd, frame.data(), frame.size(), Deadline(10s), "silent server");
     }
     ASSERT_TRUE(server.accepted()) << server.refusal();
@@ -920,11 +920,11 @@ class SilentServer {
 Request read_request(int fd) {
   uint8_t prefix[4];
   net::read_full(fd, prefix, 4, Deadline(10s), "silent server");
-  Bytes payload(store_wire::read_length_prefix(prefix));
+  Bytes payload(store::wire::read_length_prefix(prefix));
   net::read_full(fd, payload.data(), payload.size(), Deadline(10s), "silent server");
   Request request;
   std::string reason;
-  EXPECT_TRUE(store_wire::decode_request(payload, &request, &reason)) << reason;
+  EXPECT_TRUE(store::wire::decode_request(payload, &request, &reason)) << reason;
   return request;
 }
 
@@ -949,7 +949,7 @@ TEST(TcpStoreClientTest, DeadlineClosesTheConnectionAndTheNextCallReconnects) {
   Reply reply;
   reply.kind = ReplyKind::kInteger;
   reply.integer = 42;
-  Bytes frame = store_wire::encode_reply(reply);
+  Bytes frame = store::wire::encode_reply(reply);
   net::write_full(second.get(), frame.data(), frame.size(), Deadline(10s), "second");
   ASSERT_EQ(answer.wait_for(kTestDeadline), std::future_status::ready);
   EXPECT_EQ(answer.get(), 42);

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "chorus/chorus.h"
-#include "patterns/expected.h"
+#include "util/expected.h"
 #include "util/checks.h"
 #include "util/ranks.h"
 

@@ -61,7 +61,7 @@ void run_ranks(int size, CommOptions options, const std::function<std::string(in
 }
 
 TEST(Topology, FromIdsNumbersNodesByLowestRank) {
-  Topology t = internal::topology_from_ids({"b", "a", "b", "c", "a"}, 4);
+  Topology t = transport::topology_from_ids({"b", "a", "b", "c", "a"}, 4);
   EXPECT_EQ(t.nodes, 3);
   EXPECT_EQ(t.node_of, (std::vector<int>{0, 1, 0, 2, 1}));
   EXPECT_EQ(t.node_ranks, (std::vector<std::vector<int>>{{0, 2}, {1, 4}, {3}}));
@@ -69,14 +69,14 @@ TEST(Topology, FromIdsNumbersNodesByLowestRank) {
   EXPECT_EQ(t.local_rank, 1);
   EXPECT_EQ(t.local_size, 2);
   EXPECT_FALSE(t.uniform());
-  EXPECT_TRUE(internal::topology_from_ids({"x", "y", "x", "y"}, 0).uniform());
+  EXPECT_TRUE(transport::topology_from_ids({"x", "y", "x", "y"}, 0).uniform());
 }
 
 TEST(Topology, RealNodeIdHasHostAndBootId) {
-  std::string id = internal::local_node_id("");
+  std::string id = transport::local_node_id("");
   EXPECT_NE(id.find('/'), std::string::npos) << id;
   EXPECT_GT(id.size(), 30u) << id;  // hostname + '/' + 36-character boot id
-  EXPECT_EQ(internal::local_node_id("sim3"), "sim3");
+  EXPECT_EQ(transport::local_node_id("sim3"), "sim3");
 }
 
 TEST(Shm, OneNodeUsesDirectSharedMemoryAndLeavesNoSegment) {

@@ -38,6 +38,10 @@ void ShmGroup::check_interrupt() {
   }
 }
 
+bool ShmGroup::has_closed(int i) const {
+  return atomic(control(i).state).load(std::memory_order_acquire) == kClosed;
+}
+
 void ShmGroup::check_peer(int i, bool liveness, bool waiting, const std::string& closed,
                           const std::string& died) {
   Control& c = control(i);

@@ -170,6 +170,8 @@ class ShmGroup final : public NodeGroup {
                     const std::function<void()>& expired, std::chrono::steady_clock::time_point until);
   // Throws AbortedError after interrupt().
   void check_interrupt();
+  // Whether local rank i closed the communicator (and so writes nothing more).
+  bool has_closed(int i) const;
   // Throws PeerError when local rank i aborted, or, while this rank waits for it
   // (`waiting`), closed or (with `liveness`) died; `closed` and `died` end the messages.
   void check_peer(int i, bool liveness, bool waiting, const std::string& closed,

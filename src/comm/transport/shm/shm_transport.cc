@@ -90,15 +90,22 @@ bool ShmTransport::peek_header(int i, Header& h) const {
   return true;
 }
 
-Arrival ShmTransport::probe(const std::vector<int>& peers, Clock::time_point until) {
+Arrival ShmTransport::probe(const std::vector<int>& peers, Clock::time_point until, bool shared_claim) {
   std::vector<int> locals;
   for (int peer : peers) locals.push_back(local(peer));
+  // With a shared claim: the peers whose next message belongs to a later operation,
+  // left unread and not waited for until the claim is settled.
+  std::vector<char> later(locals.size(), 0);
   while (true) {
     for (size_t k = 0; k < locals.size(); ++k) {
       Header h;
-      if (!peek_header(locals[k], h)) continue;
+      if (later[k] || !peek_header(locals[k], h)) continue;
       if (h.magic != kMessageMagic || h.number != peers_[locals[k]].read + 1 ||
           h.kind != static_cast<uint8_t>(FrameKind::kP2P)) {
+        if (shared_claim && h.magic == kMessageMagic && h.number == peers_[locals[k]].read + 1) {
+          later[k] = 1;
+          continue;
+        }
         // Not the send/recv message that comes next: the receive explains it.
         Recv r{header_for(h.length, op_.sig), h, nullptr};
         ++peers_[locals[k]].read;
@@ -110,8 +117,9 @@ Arrival ShmTransport::probe(const std::vector<int>& peers, Clock::time_point unt
     if (Clock::now() >= until) return Arrival{};
     group_.wait_streams(
         [&] {
-          for (int i : locals) {
-            const ShmGroup::Stream st = group_.stream(i, group_.local_rank());
+          for (size_t k = 0; k < locals.size(); ++k) {
+            if (later[k]) continue;
+            const ShmGroup::Stream st = group_.stream(locals[k], group_.local_rank());
             if (load(st.head, std::memory_order_acquire) - load(st.tail, std::memory_order_relaxed) >=
                 kHeaderBytes) {
               return true;
@@ -121,8 +129,10 @@ Arrival ShmTransport::probe(const std::vector<int>& peers, Clock::time_point unt
         },
         [&](bool liveness) {
           group_.check_interrupt();
-          for (int i : locals) {
+          for (size_t k = 0; k < locals.size(); ++k) {
+            const int i = locals[k];
             if (ring_has_bytes(i)) continue;  // what it wrote before leaving is still here
+            if (shared_claim && group_.has_closed(i)) continue;  // the claim may be taken elsewhere
             group_.check_peer(i, liveness, true,
                               "closed the communicator while this rank waited for it to send",
                               "while this rank waited for it to send in shared memory");

@@ -53,7 +53,8 @@ class ShmTransport final : public StreamTransport<ShmTransport> {
   Request irecv(int peer, void* data, size_t len) override {
     return irecv_message(peer, data, len, op_.sig);
   }
-  Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until) override;
+  Arrival probe(const std::vector<int>& peers, std::chrono::steady_clock::time_point until,
+                bool shared_claim) override;
   Request irecv_message(int peer, void* data, size_t len, const Signature& sig) override;
   // wait(), test(), wait_all() and wait_for() are StreamTransport's, over drive_until().
   // interrupt(), abort() and close() act on the group, shared with the direct

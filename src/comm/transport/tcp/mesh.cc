@@ -90,7 +90,7 @@ std::vector<Published> exchange_addresses(Store& store, int rank, int size,
   for (int r = 0; r < size; ++r) keys.push_back(address_key(r));
   std::vector<Bytes> values;
   try {
-    values = store_pages::wait_and_get(store, keys, deadline, [&] {
+    values = store::pages::wait_and_get(store, keys, deadline, [&] {
       if (store.check({kSizeMismatchKey})) {
         throw ConfigError(where + ": " + store.get_string(kSizeMismatchKey));
       }

@@ -93,7 +93,7 @@ Request TcpTransport::irecv_message(int peer, void* data, size_t len, const Sign
   return Request{peer, false, p.recvs_posted++};
 }
 
-bool TcpTransport::peek_message(int peer, FrameHeader& h) {
+bool TcpTransport::peek_message(int peer, FrameHeader& h, bool* later) {
   Peer& p = peers_[peer];
   while (true) {
     if (p.said_goodbye) return false;
@@ -132,24 +132,37 @@ bool TcpTransport::peek_message(int peer, FrameHeader& h) {
         fail_peer(peer, peer_name(peer) + " aborted: " + read_control_text(peer, e, 0));
       }
       default:
+        if (later != nullptr) {
+          *later = true;
+          return false;
+        }
         fail_peer(peer, "expected a send/recv message from " + peer_name(peer) + ", found " +
                             describe_frame(h) + " (did the ranks issue different operations?)");
     }
   }
 }
 
-Arrival TcpTransport::probe(const std::vector<int>& peers, Clock::time_point until) {
+Arrival TcpTransport::probe(const std::vector<int>& peers, Clock::time_point until, bool shared_claim) {
   if (closed_) throw AbortedError(op_name() + " on " + here() + ": the transport is closed");
   auto spin_until = Clock::now() + kSpin;
   std::vector<pollfd> fds;
+  // With a shared claim: the peers whose next frame belongs to a later operation. They
+  // are not polled (their frame is readable all along) until the claim is settled.
+  std::vector<char> later(peers.size(), 0);
   while (true) {
     bool any_left = false;
-    for (int peer : peers) {
+    for (size_t k = 0; k < peers.size(); ++k) {
+      const int peer = peers[k];
+      if (later[k]) continue;
       FrameHeader h;
-      if (peek_message(peer, h)) return Arrival{peer, h.signature(), h.length};
-      any_left |= !peers_[peer].said_goodbye;
+      bool moved_on = false;
+      if (peek_message(peer, h, shared_claim ? &moved_on : nullptr)) {
+        return Arrival{peer, h.signature(), h.length};
+      }
+      later[k] = moved_on;
+      any_left |= !peers_[peer].said_goodbye && !moved_on;
     }
-    if (!any_left) {
+    if (!any_left && !shared_claim) {
       fail_peer(peers.back(), (peers.size() == 1 ? peer_name(peers.back()) : "every rank it waited for") +
                                   std::string(" left the communicator while this rank waited for a "
                                               "message from it (did the ranks issue different "
@@ -164,8 +177,9 @@ Arrival TcpTransport::probe(const std::vector<int>& peers, Clock::time_point unt
       continue;
     }
     fds.assign(1, pollfd{wakeup_.get(), POLLIN, 0});
-    for (int peer : peers) {
-      if (!peers_[peer].said_goodbye) fds.push_back({peers_[peer].in.get(), POLLIN | POLLRDHUP, 0});
+    for (size_t k = 0; k < peers.size(); ++k) {
+      const Peer& p = peers_[peers[k]];
+      if (!p.said_goodbye && !later[k]) fds.push_back({p.in.get(), POLLIN | POLLRDHUP, 0});
     }
     int timeout = op_.deadline.remaining_ms(kPollSliceMs);
     if (until != Clock::time_point::max()) {

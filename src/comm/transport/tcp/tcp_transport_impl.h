@@ -54,7 +54,7 @@ class TcpTransport final : public StreamTransport<TcpTransport> {
   Request irecv(int peer, void* data, size_t len) override {
     return irecv_message(peer, data, len, op_.sig);
   }
-  Arrival probe(const std::vector<int>& peers, Clock::time_point until) override;
+  Arrival probe(const std::vector<int>& peers, Clock::time_point until, bool shared_claim) override;
   Request irecv_message(int peer, void* data, size_t len, const Signature& sig) override;
   // wait(), test(), wait_all() and wait_for() are StreamTransport's, over drive_until().
   void interrupt(const std::string& reason) override;
@@ -82,7 +82,10 @@ class TcpTransport final : public StreamTransport<TcpTransport> {
   void finish_header(int peer, RecvEntry& e, size_t payload_bytes_read);
   // probe(): the header of the next message from `peer`, waiting frames consumed and
   // checked; false while it has not arrived whole (or the peer has left).
-  bool peek_message(int peer, FrameHeader& h);
+  // Whether the next frame from `peer` is a send/recv message (its header in `h`).
+  // A frame of another operation is a mismatch, or, with `later`, sets *later and
+  // stays unread.
+  bool peek_message(int peer, FrameHeader& h, bool* later = nullptr);
   [[noreturn]] void fail_probe_timeout(const std::vector<int>& peers) const;
   void send_control(FrameKind kind, const std::string& text);
 
