@@ -100,9 +100,9 @@ Arrival ShmTransport::probe(const std::vector<int>& peers, Clock::time_point unt
     for (size_t k = 0; k < locals.size(); ++k) {
       Header h;
       if (later[k] || !peek_header(locals[k], h)) continue;
-      if (h.magic != kMessageMagic || h.number != peers_[locals[k]].read + 1 ||
-          h.kind != static_cast<uint8_t>(FrameKind::kP2P)) {
-        if (shared_claim && h.magic == kMessageMagic && h.number == peers_[locals[k]].read + 1) {
+      const bool next = h.magic == kMessageMagic && h.number == peers_[locals[k]].read + 1;
+      if (!next || h.kind != static_cast<uint8_t>(FrameKind::kP2P)) {
+        if (next && shared_claim) {  // the next message, of a later operation
           later[k] = 1;
           continue;
         }
