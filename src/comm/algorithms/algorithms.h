@@ -145,8 +145,28 @@ void shared_broadcast(const Context& ctx, transport::shm::NodeGroup& g,
 // allreduce, broadcast and allgather (allgather: out's block r of count elements = in
 // of rank r; in may be out's own block). They need a uniform topology that describes
 // ctx's ranks, and run a flat algorithm otherwise.
-void allreduce_hierarchical(const Context& ctx, const void* in, void* out, size_t count);
-void broadcast_hierarchical(const Context& ctx, void* buf, size_t count, int root);
+//
+// What runs inside a hierarchical call is decided by the caller's plan
+// (communicator/plan.cc: hierarchical_choice(), from the Tuning cut-offs); these
+// functions run the choice and decide nothing. The ranks of a call must be given the
+// same choice, except cross_allreduce, which must agree among the ranks of one local
+// rank (they reduce blocks of one size).
+struct HierarchicalChoice {
+  // The allreduce between nodes of an unpipelined allreduce, on this rank's block, among
+  // the ranks with its local rank: allreduce_recursive_doubling, _halving_doubling or
+  // _ring.
+  void (*cross_allreduce)(const Context&, const void*, void*, size_t) = allreduce_ring;
+  // Broadcast between nodes and, without shared memory, inside one (and the flat
+  // broadcast off a hierarchical shape): broadcast_binomial or broadcast_chain.
+  void (*broadcast)(const Context&, void*, size_t, int) = broadcast_chain;
+  // Elements per chunk of the pipelined allreduce (the node phases overlapped with the
+  // exchange between nodes); 0: the three phases one after the other, whole.
+  size_t chunk_count = 0;
+};
+void allreduce_hierarchical(const Context& ctx, const HierarchicalChoice& how, const void* in, void* out,
+                            size_t count);
+void broadcast_hierarchical(const Context& ctx, const HierarchicalChoice& how, void* buf, size_t count,
+                            int root);
 void allgather_hierarchical(const Context& ctx, const void* in, void* out, size_t count);
 
 }  // namespace chorus::algorithms

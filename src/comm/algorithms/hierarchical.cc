@@ -7,8 +7,9 @@
 // the same local rank on every node ("cross"). The node phases are the functions
 // intra_*; they run the direct shared-memory algorithms where the node's ranks share a
 // segment (ctx.node), else the ring over the node's ranks. Allreduces of more than
-// Tuning::hier_chunk_bytes run the three phases chunk by chunk, overlapped
-// (allreduce_pipelined below).
+// HierarchicalChoice::chunk_count elements run the three phases chunk by chunk,
+// overlapped (allreduce_pipelined below). Which flat algorithms run between nodes, and
+// the chunks, are the caller's plan (HierarchicalChoice, algorithms.h).
 //
 // Requires a uniform topology (every node holds the same number of ranks); on any
 // other shape these functions run the flat algorithm instead, so that they are correct
@@ -99,13 +100,6 @@ void reduce_scatter_blocks(const Context& sub, const void* in, void* out, size_t
   run_ring(sub, plan);
 }
 
-// Binomial tree for small messages, pipelined chain for large ones.
-void flat_broadcast(const Context& ctx, void* buf, size_t count, int root) {
-  const size_t small = ctx.tuning.hier_broadcast_small_bytes;
-  if (count * ctx.elem <= small) broadcast_binomial(ctx, buf, count, root);
-  else broadcast_chain(ctx, buf, count, root);
-}
-
 // ---- node phases: shared memory where the node has it. They may use scratch area 0
 // only: allgather_hierarchical keeps its packs in area 1 across them.
 
@@ -132,26 +126,19 @@ void intra_allgather(const Context& ctx, const void* in, void* out, size_t total
 }
 
 // Broadcast among the node's ranks from local rank `root_local`.
-void intra_broadcast(const Context& ctx, void* buf, size_t count, int root_local) {
+void intra_broadcast(const Context& ctx, const HierarchicalChoice& how, void* buf, size_t count,
+                     int root_local) {
   if (ctx.node != nullptr) return shm_broadcast(ctx, *ctx.node, buf, buf, count, root_local);
   SubsetTransport node(ctx.transport, node_members(ctx));
-  flat_broadcast(sub_context(ctx, node), buf, count, root_local);
+  how.broadcast(sub_context(ctx, node), buf, count, root_local);
 }
 
 // ---- cross-node phases
 
 // Allreduce of buf (in place) among the ranks with this rank's local rank.
-void cross_allreduce(const Context& ctx, void* buf, size_t count) {
+void cross_allreduce(const Context& ctx, const HierarchicalChoice& how, void* buf, size_t count) {
   SubsetTransport cross(ctx.transport, cross_members(ctx.topology, ctx.topology.local_rank));
-  Context sub = sub_context(ctx, cross);
-  const size_t bytes = count * ctx.elem;
-  if (bytes <= ctx.tuning.hier_allreduce_small_bytes || sub.size == 1) {
-    allreduce_recursive_doubling(sub, buf, buf, count);
-  } else if (sub.size == 2 && bytes <= ctx.tuning.hier_allreduce_halving_bytes) {
-    allreduce_halving_doubling(sub, buf, buf, count);
-  } else {
-    allreduce_ring(sub, buf, buf, count);
-  }
+  how.cross_allreduce(sub_context(ctx, cross), buf, buf, count);
 }
 
 // ---- the pipelined allreduce: chunk by chunk, the levels overlapped
@@ -305,34 +292,30 @@ void flat_allgather(const Context& ctx, const void* in, void* out, size_t count)
 
 }  // namespace
 
-void allreduce_hierarchical(const Context& ctx, const void* in, void* out, size_t count) {
+void allreduce_hierarchical(const Context& ctx, const HierarchicalChoice& how, const void* in, void* out,
+                            size_t count) {
   if (!hierarchical_shape(ctx)) return allreduce_ring(ctx, in, out, count);
   const Topology& t = ctx.topology;
-  // Pipelined where there is something to overlap: work inside nodes and a link
-  // between them, and at least two chunks.
-  // Large calls take larger chunks, at most hier_max_chunks of them: each chunk pays
-  // its node phases, which cost more than they hide where the link is fast (tuning.h).
-  const size_t max_chunks = std::max<size_t>(1, ctx.tuning.hier_max_chunks);
-  const size_t chunk_count =
-      std::max({size_t{1}, ctx.tuning.hier_chunk_bytes / ctx.elem,
-                count / max_chunks + (count % max_chunks != 0)});
-  if (t.nodes > 1 && t.local_size > 1 && count > chunk_count) {
-    return allreduce_pipelined(ctx, in, out, count, chunk_count);
+  // The pipeline needs work inside nodes and a link between them (the plan asks for it
+  // only there).
+  if (how.chunk_count > 0 && count > how.chunk_count && t.nodes > 1 && t.local_size > 1) {
+    return allreduce_pipelined(ctx, in, out, count, how.chunk_count);
   }
   const Blocks blocks(count, t.local_size);
   const size_t mine = blocks.counts[t.local_rank];
   uint8_t* block = static_cast<uint8_t*>(out) + blocks.displs[t.local_rank] * ctx.elem;
   intra_reduce_scatter(ctx, in, out, count);
   // Every member of a cross group has the same block size, so all skip together.
-  if (mine > 0) cross_allreduce(ctx, block, mine);
+  if (mine > 0) cross_allreduce(ctx, how, block, mine);
   // Once, over the whole group, on the one block this rank owns; the allgather then
   // copies the same bytes to every rank of the node.
   finish_average(ctx, block, mine);
   intra_allgather(ctx, block, out, count);
 }
 
-void broadcast_hierarchical(const Context& ctx, void* buf, size_t count, int root) {
-  if (!hierarchical_shape(ctx)) return flat_broadcast(ctx, buf, count, root);
+void broadcast_hierarchical(const Context& ctx, const HierarchicalChoice& how, void* buf, size_t count,
+                            int root) {
+  if (!hierarchical_shape(ctx)) return how.broadcast(ctx, buf, count, root);
   const Topology& t = ctx.topology;
   const std::vector<int>& root_node = t.node_ranks[t.node_of[root]];
   const int root_local = index_in(root_node, root);
@@ -341,9 +324,9 @@ void broadcast_hierarchical(const Context& ctx, void* buf, size_t count, int roo
   if (t.local_rank == root_local) {
     std::vector<int> members = cross_members(t, root_local);
     SubsetTransport cross(ctx.transport, members);
-    flat_broadcast(sub_context(ctx, cross), buf, count, index_in(members, root));
+    how.broadcast(sub_context(ctx, cross), buf, count, index_in(members, root));
   }
-  intra_broadcast(ctx, buf, count, root_local);
+  intra_broadcast(ctx, how, buf, count, root_local);
 }
 
 // Layout: the node phase fills this node's "pack" (its ranks' blocks in local-rank

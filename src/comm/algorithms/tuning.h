@@ -105,11 +105,13 @@ struct Tuning {
   // kernel.
   size_t alltoallv_segment_bytes = 32 * 1024;
 
-  // ---- hierarchical, cross-node phases (algorithms/hierarchical.cc)
+  // ---- hierarchical: what runs inside a call (communicator/plan.cc,
+  // hierarchical_choice(); algorithms/hierarchical.cc runs it)
 
   // Message sizes at which the cross-node phases switch from latency- to
   // bandwidth-optimal algorithms: the thresholds measured over loopback before the cost
-  // model chose flat algorithms; the phases do not consult its formulas yet. Allreduce:
+  // model chose flat algorithms; the choice does not consult its formulas yet. Allreduce
+  // (on the rank's block of the node's reduce-scatter):
   // recursive doubling up to hier_allreduce_small_bytes, halving-doubling (2 nodes only)
   // up to hier_allreduce_halving_bytes, the ring beyond; broadcast (also a node's
   // broadcast over tcp): binomial tree up to hier_broadcast_small_bytes, chain beyond.

@@ -87,7 +87,7 @@ const AlgorithmEntry kTable[] = {
      },
      allreduce_shared_at_issue},
     {C::kAllreduce, A::kHierarchical, cost::allreduce_hier,
-     [](const Context& c, const Call& k) { alg::allreduce_hierarchical(c, k.send, k.recv, k.count); }},
+     [](const Context& c, const Call& k) { alg::allreduce_hierarchical(c, k.hierarchical, k.send, k.recv, k.count); }},
 
     // ---- broadcast
     {C::kBroadcast, A::kShmDirect, cost::broadcast_shm,
@@ -109,7 +109,7 @@ const AlgorithmEntry kTable[] = {
     {C::kBroadcast, A::kHierarchical, cost::broadcast_hier,
      [](const Context& c, const Call& k) {
        copy_at_root(c, k);
-       alg::broadcast_hierarchical(c, k.recv, k.count, k.root);
+       alg::broadcast_hierarchical(c, k.hierarchical, k.recv, k.count, k.root);
      }},
 
     // ---- reduce

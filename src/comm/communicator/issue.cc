@@ -59,6 +59,7 @@ std::optional<Work> CommunicatorImpl::issue_inline(const OpSpec& spec, Attempt&&
 }
 
 Work CommunicatorImpl::issue(const OpSpec& spec, Call call) {
+  call.elem = dtype_size(spec.dtype);
   const Plan plan = plan_for(call);
   if (plan.start == Start::kAtIssue) {
     const AtIssue attempt = plan.at_issue();

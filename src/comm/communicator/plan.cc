@@ -6,6 +6,7 @@
 //      cost where the rows have formulas and by measured rules where they do not;
 //   3. whether the call starts at issue on the calling thread (the row's at_issue),
 //      by the cut-offs of the tuning table.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -137,6 +138,34 @@ Algorithm CommunicatorImpl::algorithm_for(Collective c, size_t bytes) const {
   return Algorithm::kAuto;
 }
 
+algorithms::HierarchicalChoice hierarchical_choice(const algorithms::Tuning& tuning, const Topology& topology,
+                                                   size_t count, size_t elem) {
+  algorithms::HierarchicalChoice how;
+  const size_t bytes = count * elem;
+  // Between nodes, the ranks with this rank's local rank reduce its block of the node's
+  // reduce-scatter (one size across the group).
+  const int nodes = topology.nodes, local = std::max(1, topology.local_size);
+  const size_t block_bytes = block_count(count, local, topology.local_rank) * elem;
+  if (block_bytes <= tuning.hier_allreduce_small_bytes || nodes <= 1) {
+    how.cross_allreduce = algorithms::allreduce_recursive_doubling;
+  } else if (nodes == 2 && block_bytes <= tuning.hier_allreduce_halving_bytes) {
+    how.cross_allreduce = algorithms::allreduce_halving_doubling;
+  } else {
+    how.cross_allreduce = algorithms::allreduce_ring;
+  }
+  how.broadcast = bytes <= tuning.hier_broadcast_small_bytes ? algorithms::broadcast_binomial
+                                                             : algorithms::broadcast_chain;
+  // Pipelined where there is something to overlap (work inside nodes and a link between
+  // them) and at least two chunks. Large calls take larger chunks, at most
+  // hier_max_chunks of them: each chunk pays its node phases, which cost more than they
+  // hide where the link is fast (tuning.h).
+  const size_t max_chunks = std::max<size_t>(1, tuning.hier_max_chunks);
+  const size_t chunk_count = std::max({size_t{1}, tuning.hier_chunk_bytes / std::max<size_t>(1, elem),
+                                       count / max_chunks + (count % max_chunks != 0)});
+  if (nodes > 1 && local > 1 && count > chunk_count) how.chunk_count = chunk_count;
+  return how;
+}
+
 Plan CommunicatorImpl::plan_for(Call& call) const {
   Plan plan;
   const AlgorithmEntry* shared = find_entry(call.what, Algorithm::kShmDirect);
@@ -149,6 +178,9 @@ Plan CommunicatorImpl::plan_for(Call& call) const {
       throw std::logic_error(std::string(collective_name(call.what)) + ": no algorithm " +
                           algorithm_name(algorithm_for(call.what, call.bytes)) + " in the table");
     }
+  }
+  if (plan.entry->algorithm == Algorithm::kHierarchical) {
+    call.hierarchical = hierarchical_choice(cost_.tuning, topology_, call.count, call.elem);
   }
   if (plan.at_issue() != nullptr && starts_at_issue(plan, call)) plan.start = Start::kAtIssue;
   return plan;

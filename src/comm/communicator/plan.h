@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "chorus/communicator.h"
+#include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/context.h"
 #include "comm/communicator/cost_model.h"
 #include "comm/shared/memory_file.h"
@@ -30,6 +31,7 @@ struct Call {
   // Elements: allreduce, broadcast, reduce: the buffer; allgather, gather, scatter,
   // alltoall: one rank's block; reduce_scatter: the result; allgatherv: this rank's.
   size_t count = 0;
+  size_t elem = 1;  // bytes of one element (the dtype's)
   int root = -1;
   // What the choice of algorithm reads (Communicator::algorithm_for()'s `bytes`).
   size_t bytes = 0;
@@ -40,7 +42,21 @@ struct Call {
   std::vector<size_t> send_counts, send_displs, recv_counts, recv_displs;
   // The direct path's node-shared spans (Plan::direct), found by plan_for().
   shared::SharedRef in_ref, out_ref;
+  // The hierarchical rows: what runs between and inside nodes, set by plan_for().
+  algorithms::HierarchicalChoice hierarchical;
 };
+
+// The rule for a hierarchical call's inner algorithms (the Tuning cut-offs hier_*,
+// measured over loopback before the cost model chose flat algorithms): between nodes,
+// the allreduce of this rank's block by recursive doubling up to
+// hier_allreduce_small_bytes, halving-doubling (two nodes) up to
+// hier_allreduce_halving_bytes, the ring beyond; broadcast by the binomial tree up to
+// hier_broadcast_small_bytes, the chain beyond; allreduces of more than
+// hier_chunk_bytes pipelined in chunks of that size, at most hier_max_chunks of them.
+// A function of the call and the topology only, so that every rank makes the same
+// choice; plan_for() and the algorithm tests use it.
+algorithms::HierarchicalChoice hierarchical_choice(const algorithms::Tuning& tuning, const Topology& topology,
+                                                   size_t count, size_t elem);
 
 // What a row can run at issue on the calling thread: true when it finished the
 // operation, or false after setting `rest` to the body that finishes it from the queue.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
+#include "comm/communicator/plan.h"
 #include "comm/transport/topology.h"
 #include "rank_context.h"
 #include "util/expected.h"
@@ -459,16 +460,75 @@ void allgather_cases(RankContext& rc, const std::string& shape) {
   });
 }
 
+// The hierarchical algorithms as a communicator runs them: with its plan's choice of
+// what runs between and inside nodes (communicator/plan.cc), for the call's size, the
+// layout and the context's tuning.
+void planned_allreduce(const alg::Context& ctx, const void* in, void* out, size_t n) {
+  alg::allreduce_hierarchical(ctx, communicator::hierarchical_choice(ctx.tuning, ctx.topology, n, ctx.elem),
+                              in, out, n);
+}
+void planned_broadcast(const alg::Context& ctx, void* buf, size_t n, int root) {
+  alg::broadcast_hierarchical(ctx, communicator::hierarchical_choice(ctx.tuning, ctx.topology, n, ctx.elem),
+                              buf, n, root);
+}
+
 TEST_P(AlgorithmsTest, Hierarchical) {
   for (const Layout& layout : layouts(GetParam())) {
     on_ranks(
         GetParam(),
         [&](RankContext& rc) {
-          allreduce_cases(rc, "allreduce_hierarchical", alg::allreduce_hierarchical, false,
-                          layout.name);
-          broadcast_cases(rc, "broadcast_hierarchical", alg::broadcast_hierarchical, false,
-                          layout.name);
+          allreduce_cases(rc, "allreduce_hierarchical", planned_allreduce, false, layout.name);
+          broadcast_cases(rc, "broadcast_hierarchical", planned_broadcast, false, layout.name);
           allgather_cases(rc, layout.name);
+        },
+        layout.node_ids);
+  }
+}
+
+// Every inner choice the plan can make, whatever the size: each allreduce between nodes
+// and each broadcast, whole and pipelined, on the layouts of several nodes.
+TEST_P(AlgorithmsTest, HierarchicalEveryInnerChoice) {
+  using AllreduceBody = void (*)(const alg::Context&, const void*, void*, size_t);
+  using BroadcastBody = void (*)(const alg::Context&, void*, size_t, int);
+  const std::pair<const char*, AllreduceBody> crosses[] = {{"rd", alg::allreduce_recursive_doubling},
+                                                           {"hd", alg::allreduce_halving_doubling},
+                                                           {"ring", alg::allreduce_ring}};
+  const std::pair<const char*, BroadcastBody> broadcasts[] = {{"binomial", alg::broadcast_binomial},
+                                                              {"chain", alg::broadcast_chain}};
+  const int size = GetParam();
+  for (const Layout& layout : layouts(size)) {
+    on_ranks(
+        size,
+        [&](RankContext& rc) {
+          const DataType d = DataType::kFloat32;
+          ReduceExpectation expect(d, ReduceOp::kSum, size);
+          for (auto [cross_name, cross] : crosses) {
+            for (auto [broadcast_name, broadcast] : broadcasts) {
+              for (size_t chunk_count : {size_t{0}, size_t{16}}) {
+                const alg::HierarchicalChoice how{cross, broadcast, chunk_count};
+                const std::string shape = layout.name + ", " + cross_name + ", " + broadcast_name +
+                                          ", chunks of " + std::to_string(chunk_count);
+                for (size_t n : {size_t{1}, size_t{7}, size_t{1000}}) {
+                  Bytes in(n * 4), out(n * 4 + 4, kSentinelByte);
+                  fill_reduce_input(d, ReduceOp::kSum, rc.rank(), in.data(), 0, n);
+                  alg::allreduce_hierarchical(rc.begin("allreduce", d, true, ReduceOp::kSum, n), how,
+                                              in.data(), out.data(), n);
+                  std::string at = where("allreduce_hierarchical", rc, d, "sum", n, 0, false, shape);
+                  EXPECT_EQ(expect.check(out.data(), 0, n), "") << at;
+                  EXPECT_EQ(check_sentinel(out.data() + n * 4, 4), "") << at;
+                  const int root = static_cast<int>(n % static_cast<size_t>(size));
+                  Bytes buf(n * 4 + 4, kSentinelByte);
+                  if (rc.rank() == root) fill_move(d, root, buf.data(), 0, n);
+                  alg::broadcast_hierarchical(rc.begin("broadcast", d, false, ReduceOp::kSum, n, root), how,
+                                              buf.data(), n, root);
+                  at = where("broadcast_hierarchical", rc, d, "-", n, 0, false, shape) + ", root " +
+                       std::to_string(root);
+                  EXPECT_EQ(check_move(d, root, buf.data(), 0, n), "") << at;
+                  EXPECT_EQ(check_sentinel(buf.data() + n * 4, 4), "") << at;
+                }
+              }
+            }
+          }
         },
         layout.node_ids);
   }
@@ -505,8 +565,8 @@ TEST_P(AlgorithmsTest, HierarchicalChunks) {
                     Bytes in(n * elem), out(n * elem + elem, kSentinelByte);
                     fill_reduce_input(d, op, rank, in.data(), 0, n);
                     if (in_place && n > 0) std::memcpy(out.data(), in.data(), n * elem);
-                    alg::allreduce_hierarchical(rc.begin("allreduce", d, true, op, n),
-                                                in_place ? out.data() : in.data(), out.data(), n);
+                    planned_allreduce(rc.begin("allreduce", d, true, op, n),
+                                      in_place ? out.data() : in.data(), out.data(), n);
                     std::string at = where("allreduce_hierarchical", rc, d, op_name(op), n, 0,
                                            in_place, layout.name + ", chunk " + std::to_string(chunk) +
                                                ", at most " + std::to_string(max_chunks));
