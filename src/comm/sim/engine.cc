@@ -10,7 +10,6 @@
 
 namespace chorus::sim {
 
-using transport::FrameKind;
 using transport::OpInfo;
 using transport::Request;
 
@@ -120,7 +119,7 @@ Request Engine::post(int rank, int peer, uint8_t* data, size_t len, bool send) {
   if (!me.left.empty()) {
     throw AbortedError(label(rank) + " on " + here(rank) + ": the transport is closed");
   }
-  const Header h{me.op.kind, me.op.code, me.op.seq, me.op.name, me.op.sig};
+  const transport::CallHeader h = transport::CallHeader::of(me.op);
   Stream& s = send ? stream(rank, peer) : stream(peer, rank);
   Request r{peer, send, 0};
   if (send) {
@@ -140,32 +139,15 @@ Request Engine::post(int rank, int peer, uint8_t* data, size_t len, bool send) {
   return r;
 }
 
-std::string Engine::mismatch(int from, const Pending& send, const Pending& recv) const {
-  const Header& g = send.header;
-  const Header& w = recv.header;
-  const bool p2p = w.kind == FrameKind::kP2P, their_p2p = g.kind == FrameKind::kP2P;
-  const bool same_call =
-      g.kind == w.kind && g.code == w.code && g.sig == w.sig && (p2p || g.seq == w.seq);
-  if (!same_call) {
-    return transport::mismatch_text(
-        here(from), from,
-        transport::describe_call(g.code, their_p2p ? g.name : nullptr, g.seq, their_p2p, g.sig),
-        transport::describe_call(w.code, p2p ? w.name : nullptr, w.seq, p2p, w.sig));
-  }
-  if (send.len == recv.len) return "";
-  std::ostringstream m;
-  m << "mismatched message from " << here(from) << ": expected " << recv.len << " bytes, got "
-    << send.len << " bytes: the ranks issued different operations, counts or types";
-  return m.str();
-}
-
 void Engine::match(Stream& s, int from, int to) {
   while (s.sends.head != kNil && s.recvs.head != kNil) {
     const Pending send = pop(s.sends), recv = pop(s.recvs);
     // The bytes went out, whatever the receiver makes of them.
     schedule(std::max(send.t0, recv.t0), EventKind::kSendDone, from, &s);
-    if (std::string what = mismatch(from, send, recv); !what.empty()) {
-      const Header& w = recv.header;
+    const transport::CallHeader& w = recv.header;
+    const std::string what =
+        transport::call_mismatch(send.header, send.len, w, recv.len, from, here(from));
+    if (!what.empty()) {
       fail(to, std::string(w.name) + " #" + std::to_string(w.seq) + " failed on " + here(to) +
                    ": " + what);
       return;  // the stream is broken: this receive never completes

@@ -41,6 +41,7 @@
 #include "comm/reduce/reduce.h"
 #include "comm/sim/fiber.h"
 #include "comm/sim/network.h"
+#include "comm/transport/call_header.h"
 #include "comm/transport/transport.h"
 
 namespace chorus::sim {
@@ -125,20 +126,13 @@ class Engine {
 
  private:
   friend class SimTransport;
-  struct Header {
-    transport::FrameKind kind = transport::FrameKind::kCollective;
-    uint8_t code = 0;
-    uint64_t seq = 0;
-    const char* name = "";
-    transport::Signature sig;
-  };
   // A posted send or receive not yet matched; sends: t0 = when it left, t1 = when it
   // is delivered; receives: t0 = when posted. In a per-stream list through `next`.
   static constexpr uint32_t kNil = UINT32_MAX;
   struct Pending {
     uint8_t* data;
     size_t len;
-    Header header;
+    transport::CallHeader header;
     double t0, t1;
     uint32_t next;
   };
@@ -199,8 +193,6 @@ class Engine {
   uint32_t push(Queue& q, const Pending& p);
   Pending pop(Queue& q);
   void match(Stream& s, int from, int to);
-  // A mismatch between the matched send's call and receive's, or empty.
-  std::string mismatch(int from, const Pending& send, const Pending& recv) const;
 
   // ---- scheduling
   void schedule(double time, EventKind kind, int rank, Stream* s = nullptr, uint32_t gen = 0);

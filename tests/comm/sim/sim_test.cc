@@ -1,5 +1,5 @@
 // The simulator (src/comm/sim, docs/simulator.md): every flat algorithm of
-// algorithms.h over SimTransport, with results checked against the closed forms of
+// algorithms.h, and the hierarchical ones, over SimTransport, with results checked against the closed forms of
 // tests/util/expected.h, on small worlds (1..8 ranks, counts 0, 1 and odd ones) and
 // on 1,024 ranks in nodes of 8 (Sim1024.*: the suites that scripts/sanitize.sh thread
 // leaves out); its errors (a deadlock, a mismatched call); its determinism; and its
@@ -158,6 +158,26 @@ void alltoallv_case(RankEnv& env, DataType d, size_t n) {
   }
 }
 
+void allgather_hierarchical_case(RankEnv& env, DataType d, size_t n) {
+  const size_t elem = dtype_size(d);
+  Bytes in(n * elem), out(n * env.size() * elem);
+  fill_move(d, env.rank(), in.data(), 0, n);
+  alg::allgather_hierarchical(env.begin("allgather", d, false, ReduceOp::kSum, n), in.data(),
+                              out.data(), n);
+  for (int r = 0; r < env.size(); ++r) {
+    EXPECT_EQ(check_move(d, r, out.data() + r * n * elem, 0, n), "")
+        << at("allgather_hierarchical", env, d, n) << ", block " << r;
+  }
+}
+
+// The hierarchical algorithms over the simulator's nodes (flat ones where the nodes
+// are not uniform); root size - 1; the allgather of `gathered` elements per rank.
+void hierarchical_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n, size_t gathered) {
+  allreduce_case(env, "allreduce_hierarchical", alg::allreduce_hierarchical, d, op, n);
+  broadcast_case(env, "broadcast_hierarchical", alg::broadcast_hierarchical, d, n, env.size() - 1);
+  allgather_hierarchical_case(env, d, gathered);
+}
+
 // Every flat algorithm at count n, in one simulated run: reductions in `d` with `op`,
 // data movement in `d`; roots 0 and size - 1.
 void all_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n) {
@@ -178,7 +198,8 @@ void all_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n) {
 }
 
 // ---- small worlds: sizes 1..8 (odd ones fold), counts 0, 1 and odd, two nodes where
-// there are two ranks or more (so both link kinds and the NICs are used).
+// there are two ranks or more (so both link kinds and the NICs are used; uniform ones,
+// for the hierarchical algorithms, at even sizes).
 
 class SimSmall : public testing::TestWithParam<int> {};
 
@@ -189,6 +210,7 @@ TEST_P(SimSmall, EveryFlatAlgorithm) {
     sim.run(size, (size + 1) / 2, LinkModel{}, [&](RankEnv& env) {
       all_algorithms(env, DataType::kInt32, ReduceOp::kSum, n);
       all_algorithms(env, DataType::kFloat32, ReduceOp::kMax, n);
+      hierarchical_algorithms(env, DataType::kInt32, ReduceOp::kSum, n, n);
     });
   }
 }
@@ -243,6 +265,13 @@ TEST(Sim1024, AlltoallvTalksToEveryRank) {
     alltoallv_case(env, DataType::kInt64, 1);
   });
   EXPECT_EQ(r.max_peers, static_cast<uint32_t>(kRanks - 1));
+}
+
+TEST(Sim1024, Hierarchical) {
+  Result r = Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    hierarchical_algorithms(env, DataType::kInt64, ReduceOp::kSum, 1001, 3);
+  });
+  EXPECT_GT(r.time, 0);
 }
 
 // ---- errors: never a hang
