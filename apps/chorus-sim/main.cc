@@ -1,7 +1,8 @@
-// chorus-sim: runs one collective with one flat algorithm of src/comm/algorithms on
-// --ranks simulated ranks (nodes of --ranks-per-node consecutive ranks) over the link
-// model of the options, and prints its simulated time and bandwidths as nccl-tests
-// does (a table row, or with --json one JSON object):
+// chorus-sim: runs one collective with one algorithm of src/comm/algorithms (a flat
+// one, or hierarchical over the simulated nodes) on --ranks simulated ranks (nodes of
+// --ranks-per-node consecutive ranks) over the link model of the options, and prints
+// its simulated time and bandwidths as nccl-tests does (a table row, or with --json one
+// JSON object):
 //   algbw = bytes / time;  busbw = algbw * factor, factor 2(N-1)/N for allreduce,
 //   (N-1)/N for reduce_scatter, allgather, alltoall, gather and scatter, 1 for
 //   broadcast and reduce.
@@ -61,6 +62,11 @@ const std::map<std::string, Algorithm>& algorithms_table() {
          alg::allreduce_halving_doubling(env.begin("allreduce", kType, true, ReduceOp::kSum, c.count),
                                          buf.data(), buf.data(), c.count);
        }}},
+      {"allreduce:hierarchical", {"allreduce", 2, [](RankEnv& env, const Case& c) {
+         std::vector<float> buf = block(c.count);
+         alg::allreduce_hierarchical(env.begin("allreduce", kType, true, ReduceOp::kSum, c.count),
+                                     buf.data(), buf.data(), c.count);
+       }}},
       {"reduce_scatter:ring", {"reduce_scatter", 1, [](RankEnv& env, const Case& c) {
          std::vector<float> in = block(c.count * env.size()), out = block(c.count);
          alg::reduce_scatter_ring(env.begin("reduce_scatter", kType, true, ReduceOp::kSum, c.count, -1, c.segment),
@@ -75,9 +81,19 @@ const std::map<std::string, Algorithm>& algorithms_table() {
                                         transport::counts_digest(counts.data(), n), -1, c.segment),
                               out.data() + env.rank() * c.count, out.data(), counts, displs);
        }}},
+      {"allgather:hierarchical", {"allgather", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> out = block(c.count * env.size());
+         alg::allgather_hierarchical(env.begin("allgather", kType, false, ReduceOp::kSum, c.count),
+                                     out.data() + env.rank() * c.count, out.data(), c.count);
+       }}},
       {"broadcast:binomial", {"broadcast", 0, [](RankEnv& env, const Case& c) {
          std::vector<float> buf = block(c.count);
          alg::broadcast_binomial(env.begin("broadcast", kType, false, ReduceOp::kSum, c.count, 0), buf.data(), c.count, 0);
+       }}},
+      {"broadcast:hierarchical", {"broadcast", 0, [](RankEnv& env, const Case& c) {
+         std::vector<float> buf = block(c.count);
+         alg::broadcast_hierarchical(env.begin("broadcast", kType, false, ReduceOp::kSum, c.count, 0),
+                                     buf.data(), c.count, 0);
        }}},
       {"broadcast:chain", {"broadcast", 0, [](RankEnv& env, const Case& c) {
          std::vector<float> buf = block(c.count);
@@ -134,7 +150,7 @@ Args parse(int argc, char** argv) {
   app.add_option("-o,--collective", o.collective, "allreduce, reduce_scatter, allgather, broadcast, "
                  "reduce, gather, scatter, alltoall, barrier");
   app.add_option("-a,--algorithm", o.algorithm, "ring, recursive_doubling, halving_doubling, binomial, "
-                 "chain, direct, pairwise, dissemination (which exist for the collective)");
+                 "chain, direct, pairwise, dissemination, hierarchical (which exist for the collective)");
   app.add_option("-n,--ranks", o.ranks, "simulated ranks")->check(CLI::Range(1, 1 << 16));
   app.add_option("--ranks-per-node", o.ranks_per_node, "consecutive ranks per node")->check(CLI::Range(1, 1 << 16));
   app.add_option("-b,--bytes", o.bytes, "size as nccl-tests counts it (K/M/G suffixes)")
@@ -175,7 +191,10 @@ long peak_rss_kib() {
 int run(const Args& o) {
   auto it = algorithms_table().find(o.collective + ":" + o.algorithm);
   if (it == algorithms_table().end()) {
-    std::fprintf(stderr, "chorus-sim: no algorithm %s for %s\n", o.algorithm.c_str(), o.collective.c_str());
+    std::fprintf(stderr, "chorus-sim: no algorithm %s for %s; there are:", o.algorithm.c_str(),
+                 o.collective.c_str());
+    for (const auto& [name, algorithm] : algorithms_table()) std::fprintf(stderr, " %s", name.c_str());
+    std::fprintf(stderr, "\n");
     return 2;
   }
   const Algorithm& a = it->second;

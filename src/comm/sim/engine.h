@@ -218,6 +218,8 @@ class Engine {
   std::vector<Rank> ranks_;
   std::vector<std::string> hosts_;  // per node
   std::unordered_map<uint64_t, Stream> streams_;  // key from * size + to, made on first use
+  uint64_t last_key_ = UINT64_MAX;  // the stream stream() returned last
+  Stream* last_stream_ = nullptr;
   std::vector<Pending> pool_;
   std::vector<uint32_t> free_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_queue_;
