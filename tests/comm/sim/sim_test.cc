@@ -334,7 +334,91 @@ TEST(SimErrors, AThrowingRankFailsItsPeers) {
   }
 }
 
+TEST(SimErrors, ARankThatLeftFailsTheWaitsOnIt) {
+  try {
+    Simulator().run(2, 2, LinkModel{}, [](RankEnv& env) {
+      env.begin("broadcast", DataType::kFloat32, false, ReduceOp::kSum, 1, 1);
+      transport::Transport& t = env.transport();
+      float x = 0;
+      if (env.rank() == 1) return t.close();
+      t.wait(t.irecv(1, &x, sizeof x));
+    });
+    FAIL() << "must throw";
+  } catch (const sim::SimulationError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("broadcast #1 failed on rank 0 (host node0): rank 1 left the communicator"),
+              std::string::npos) << m;
+    EXPECT_EQ(e.failed_ranks(), std::vector<int>{0});
+  }
+}
+
+TEST(SimErrors, InterruptAbortsTheWait) {
+  try {
+    Simulator().run(2, 1, LinkModel{}, [](RankEnv& env) {
+      env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0);
+      transport::Transport& t = env.transport();
+      uint8_t x = 0;
+      if (env.rank() == 0) t.interrupt("the user asked");
+      t.wait(t.irecv(1 - env.rank(), &x, 1));
+    });
+    FAIL() << "must throw";
+  } catch (const sim::SimulationError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("barrier #1 on rank 0 (host node0) was aborted: the user asked"), std::string::npos) << m;
+  }
+}
+
+// Two ranks play ping-pong for 10 ms of simulated time; the limit is 1 ms.
+TEST(SimErrors, PastTheTimeLimitEveryWaitEnds) {
+  sim::Options options;
+  options.max_time = 1e-3;
+  try {
+    Simulator(options).run(2, 1, flat_model(10e-6, 1e9), [](RankEnv& env) {
+      env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0);
+      transport::Transport& t = env.transport();
+      uint8_t x = 0;
+      for (int i = 0; i < 500; ++i) {
+        if ((i + env.rank()) % 2 == 0) t.wait(t.isend(1 - env.rank(), &x, 1));
+        else t.wait(t.irecv(1 - env.rank(), &x, 1));
+      }
+    });
+    FAIL() << "must throw";
+  } catch (const sim::SimulationError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("simulated time passed the limit"), std::string::npos) << m;
+    EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+  }
+}
+
 // ---- determinism and the model's times
+
+// wait_for() waits slices of virtual time: rank 1 computes for 1 ms (a charged
+// reduction) before it sends, rank 0 polls in slices of 100 us.
+TEST(SimTime, WaitForSlicesAreVirtual) {
+  LinkModel m = flat_model(1e-6, 1e9);
+  m.reduce_rate = 1e6;  // 1000 bytes: 1 ms
+  int slices = 0;
+  double polled_at = 0;
+  Simulator().run(2, 1, m, [&](RankEnv& env) {
+    alg::Context ctx = env.begin("allreduce", DataType::kUInt8, true, ReduceOp::kSum, 1000);
+    transport::Transport& t = env.transport();
+    std::vector<uint8_t> a(1000, 1), b(1000, 2);
+    if (env.rank() == 1) {
+      ctx.reduce(a.data(), a.data(), b.data(), a.size());
+      t.wait(t.isend(0, a.data(), a.size()));
+      return;
+    }
+    transport::Request r = t.irecv(1, b.data(), b.size());
+    while (!t.wait_for(&r, std::chrono::microseconds(100))) {
+      ++slices;
+      polled_at = env.now();
+    }
+    EXPECT_EQ(b[999], 3);
+  });
+  EXPECT_EQ(slices, 10);
+  EXPECT_NEAR(polled_at, 1e-3, 1e-9);
+}
+
 
 TEST(SimTime, SameRunSameTimes) {
   auto once = [] {
