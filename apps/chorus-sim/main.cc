@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chorus/version.h"
@@ -45,28 +46,50 @@ struct Algorithm {
 
 std::vector<float> block(size_t n) { return std::vector<float>(n, 1.0f); }
 
+// Counts and displacements of `n` blocks of `count` elements each, back to back.
+std::pair<std::vector<size_t>, std::vector<size_t>> even_blocks(size_t n, size_t count) {
+  std::vector<size_t> counts(n, count), displs(n);
+  for (size_t r = 0; r < n; ++r) displs[r] = r * count;
+  return {counts, displs};
+}
+
+// The algorithms of one signature: an allreduce in place (one buffer per rank), a
+// broadcast and a reduce from root 0 (output on the root only). Every one gets the
+// segment size; those that do not pipeline ignore it.
+using AllreduceFn = void (*)(const alg::Context&, const void*, void*, size_t);
+using BroadcastFn = void (*)(const alg::Context&, void*, size_t, int);
+using RootedReduceFn = void (*)(const alg::Context&, const void*, void*, size_t, int);
+
+Algorithm allreduce(AllreduceFn fn) {
+  return {"allreduce", 2, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> buf = block(c.count);
+            fn(env.begin("allreduce", kType, true, ReduceOp::kSum, c.count, -1, c.segment), buf.data(),
+               buf.data(), c.count);
+          }};
+}
+
+Algorithm broadcast(BroadcastFn fn) {
+  return {"broadcast", 0, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> buf = block(c.count);
+            fn(env.begin("broadcast", kType, false, ReduceOp::kSum, c.count, 0, c.segment), buf.data(),
+               c.count, 0);
+          }};
+}
+
+Algorithm reduce(RootedReduceFn fn) {
+  return {"reduce", 0, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count : 0);
+            fn(env.begin("reduce", kType, true, ReduceOp::kSum, c.count, 0, c.segment), in.data(),
+               out.data(), c.count, 0);
+          }};
+}
+
 const std::map<std::string, Algorithm>& algorithms_table() {
   static const std::map<std::string, Algorithm> table = {
-      {"allreduce:ring", {"allreduce", 2, [](RankEnv& env, const Case& c) {
-         std::vector<float> buf = block(c.count);  // in place: one buffer per rank
-         alg::allreduce_ring(env.begin("allreduce", kType, true, ReduceOp::kSum, c.count, -1, c.segment),
-                             buf.data(), buf.data(), c.count);
-       }}},
-      {"allreduce:recursive_doubling", {"allreduce", 2, [](RankEnv& env, const Case& c) {
-         std::vector<float> buf = block(c.count);
-         alg::allreduce_recursive_doubling(env.begin("allreduce", kType, true, ReduceOp::kSum, c.count),
-                                           buf.data(), buf.data(), c.count);
-       }}},
-      {"allreduce:halving_doubling", {"allreduce", 2, [](RankEnv& env, const Case& c) {
-         std::vector<float> buf = block(c.count);
-         alg::allreduce_halving_doubling(env.begin("allreduce", kType, true, ReduceOp::kSum, c.count),
-                                         buf.data(), buf.data(), c.count);
-       }}},
-      {"allreduce:hierarchical", {"allreduce", 2, [](RankEnv& env, const Case& c) {
-         std::vector<float> buf = block(c.count);
-         alg::allreduce_hierarchical(env.begin("allreduce", kType, true, ReduceOp::kSum, c.count),
-                                     buf.data(), buf.data(), c.count);
-       }}},
+      {"allreduce:ring", allreduce(alg::allreduce_ring)},
+      {"allreduce:recursive_doubling", allreduce(alg::allreduce_recursive_doubling)},
+      {"allreduce:halving_doubling", allreduce(alg::allreduce_halving_doubling)},
+      {"allreduce:hierarchical", allreduce(alg::allreduce_hierarchical)},
       {"reduce_scatter:ring", {"reduce_scatter", 1, [](RankEnv& env, const Case& c) {
          std::vector<float> in = block(c.count * env.size()), out = block(c.count);
          alg::reduce_scatter_ring(env.begin("reduce_scatter", kType, true, ReduceOp::kSum, c.count, -1, c.segment),
@@ -74,8 +97,7 @@ const std::map<std::string, Algorithm>& algorithms_table() {
        }}},
       {"allgather:ring", {"allgather", 1, [](RankEnv& env, const Case& c) {
          const size_t n = env.size();
-         std::vector<size_t> counts(n, c.count), displs(n);
-         for (size_t r = 0; r < n; ++r) displs[r] = r * c.count;
+         auto [counts, displs] = even_blocks(n, c.count);
          std::vector<float> out = block(c.count * n);
          alg::allgatherv_ring(env.begin("allgatherv", kType, false, ReduceOp::kSum,
                                         transport::counts_digest(counts.data(), n), -1, c.segment),
@@ -86,29 +108,11 @@ const std::map<std::string, Algorithm>& algorithms_table() {
          alg::allgather_hierarchical(env.begin("allgather", kType, false, ReduceOp::kSum, c.count),
                                      out.data() + env.rank() * c.count, out.data(), c.count);
        }}},
-      {"broadcast:binomial", {"broadcast", 0, [](RankEnv& env, const Case& c) {
-         std::vector<float> buf = block(c.count);
-         alg::broadcast_binomial(env.begin("broadcast", kType, false, ReduceOp::kSum, c.count, 0), buf.data(), c.count, 0);
-       }}},
-      {"broadcast:hierarchical", {"broadcast", 0, [](RankEnv& env, const Case& c) {
-         std::vector<float> buf = block(c.count);
-         alg::broadcast_hierarchical(env.begin("broadcast", kType, false, ReduceOp::kSum, c.count, 0),
-                                     buf.data(), c.count, 0);
-       }}},
-      {"broadcast:chain", {"broadcast", 0, [](RankEnv& env, const Case& c) {
-         std::vector<float> buf = block(c.count);
-         alg::broadcast_chain(env.begin("broadcast", kType, false, ReduceOp::kSum, c.count, 0, c.segment),
-                              buf.data(), c.count, 0);
-       }}},
-      {"reduce:binomial", {"reduce", 0, [](RankEnv& env, const Case& c) {
-         std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count : 0);
-         alg::reduce_binomial(env.begin("reduce", kType, true, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
-       }}},
-      {"reduce:ring", {"reduce", 0, [](RankEnv& env, const Case& c) {
-         std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count : 0);
-         alg::reduce_ring(env.begin("reduce", kType, true, ReduceOp::kSum, c.count, 0, c.segment),
-                          in.data(), out.data(), c.count, 0);
-       }}},
+      {"broadcast:binomial", broadcast(alg::broadcast_binomial)},
+      {"broadcast:hierarchical", broadcast(alg::broadcast_hierarchical)},
+      {"broadcast:chain", broadcast(alg::broadcast_chain)},
+      {"reduce:binomial", reduce(alg::reduce_binomial)},
+      {"reduce:ring", reduce(alg::reduce_ring)},
       {"gather:direct", {"gather", 1, [](RankEnv& env, const Case& c) {
          std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count * env.size() : 0);
          alg::gather_direct(env.begin("gather", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
@@ -119,8 +123,7 @@ const std::map<std::string, Algorithm>& algorithms_table() {
        }}},
       {"alltoall:pairwise", {"alltoall", 1, [](RankEnv& env, const Case& c) {
          const size_t n = env.size();
-         std::vector<size_t> counts(n, c.count), displs(n);
-         for (size_t r = 0; r < n; ++r) displs[r] = r * c.count;
+         auto [counts, displs] = even_blocks(n, c.count);
          std::vector<float> in = block(c.count * n), out = block(c.count * n);
          alg::alltoallv_pairwise(env.begin("alltoallv", kType, false, ReduceOp::kSum, 0), in.data(), counts,
                                  displs, out.data(), counts, displs);
