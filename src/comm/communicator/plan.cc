@@ -166,6 +166,16 @@ algorithms::HierarchicalChoice hierarchical_choice(const algorithms::Tuning& tun
   return how;
 }
 
+void planned_allreduce_hierarchical(const algorithms::Context& ctx, const void* in, void* out, size_t count) {
+  algorithms::allreduce_hierarchical(ctx, hierarchical_choice(ctx.tuning, ctx.topology, count, ctx.elem), in, out,
+                                     count);
+}
+
+void planned_broadcast_hierarchical(const algorithms::Context& ctx, void* buf, size_t count, int root) {
+  algorithms::broadcast_hierarchical(ctx, hierarchical_choice(ctx.tuning, ctx.topology, count, ctx.elem), buf, count,
+                                     root);
+}
+
 Plan CommunicatorImpl::plan_for(Call& call) const {
   Plan plan;
   const AlgorithmEntry* shared = find_entry(call.what, Algorithm::kShmDirect);

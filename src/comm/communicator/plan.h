@@ -57,6 +57,11 @@ struct Call {
 // choice; plan_for() and the algorithm tests use it.
 algorithms::HierarchicalChoice hierarchical_choice(const algorithms::Tuning& tuning, const Topology& topology,
                                                    size_t count, size_t elem);
+// The hierarchical allreduce and broadcast with that choice, for ctx's tuning and
+// topology: the algorithms as a communicator runs them, for programs that run them
+// without one (the algorithm tests, the simulator's).
+void planned_allreduce_hierarchical(const algorithms::Context& ctx, const void* in, void* out, size_t count);
+void planned_broadcast_hierarchical(const algorithms::Context& ctx, void* buf, size_t count, int root);
 
 // What a row can run at issue on the calling thread: true when it finished the
 // operation, or false after setting `rest` to the body that finishes it from the queue.

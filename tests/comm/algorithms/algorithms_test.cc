@@ -463,22 +463,16 @@ void allgather_cases(RankContext& rc, const std::string& shape) {
 // The hierarchical algorithms as a communicator runs them: with its plan's choice of
 // what runs between and inside nodes (communicator/plan.cc), for the call's size, the
 // layout and the context's tuning.
-void planned_allreduce(const alg::Context& ctx, const void* in, void* out, size_t n) {
-  alg::allreduce_hierarchical(ctx, communicator::hierarchical_choice(ctx.tuning, ctx.topology, n, ctx.elem),
-                              in, out, n);
-}
-void planned_broadcast(const alg::Context& ctx, void* buf, size_t n, int root) {
-  alg::broadcast_hierarchical(ctx, communicator::hierarchical_choice(ctx.tuning, ctx.topology, n, ctx.elem),
-                              buf, n, root);
-}
+using communicator::planned_allreduce_hierarchical;
+using communicator::planned_broadcast_hierarchical;
 
 TEST_P(AlgorithmsTest, Hierarchical) {
   for (const Layout& layout : layouts(GetParam())) {
     on_ranks(
         GetParam(),
         [&](RankContext& rc) {
-          allreduce_cases(rc, "allreduce_hierarchical", planned_allreduce, false, layout.name);
-          broadcast_cases(rc, "broadcast_hierarchical", planned_broadcast, false, layout.name);
+          allreduce_cases(rc, "allreduce_hierarchical", planned_allreduce_hierarchical, false, layout.name);
+          broadcast_cases(rc, "broadcast_hierarchical", planned_broadcast_hierarchical, false, layout.name);
           allgather_cases(rc, layout.name);
         },
         layout.node_ids);
@@ -565,8 +559,8 @@ TEST_P(AlgorithmsTest, HierarchicalChunks) {
                     Bytes in(n * elem), out(n * elem + elem, kSentinelByte);
                     fill_reduce_input(d, op, rank, in.data(), 0, n);
                     if (in_place && n > 0) std::memcpy(out.data(), in.data(), n * elem);
-                    planned_allreduce(rc.begin("allreduce", d, true, op, n),
-                                      in_place ? out.data() : in.data(), out.data(), n);
+                    planned_allreduce_hierarchical(rc.begin("allreduce", d, true, op, n),
+                                                   in_place ? out.data() : in.data(), out.data(), n);
                     std::string at = where("allreduce_hierarchical", rc, d, op_name(op), n, 0,
                                            in_place, layout.name + ", chunk " + std::to_string(chunk) +
                                                ", at most " + std::to_string(max_chunks));

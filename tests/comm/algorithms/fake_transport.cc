@@ -42,7 +42,7 @@ Request FakeTransport::isend(int peer, const void* data, size_t len) {
                        ": the transport is closed");
   }
   FakeHub::Stream& s = hub_.stream(rank_, peer);
-  FakeHub::Header h{op_.kind, op_.code, op_.seq, op_.name, op_.sig};
+  const FakeHub::Header h = FakeHub::Header::of(op_);
   s.sends.push_back({static_cast<const uint8_t*>(data), len, h});
   Request request{peer, true, s.sends_posted++};
   me.traffic.messages += 1;
@@ -62,7 +62,7 @@ Request FakeTransport::irecv(int peer, void* data, size_t len) {
                        ": the transport is closed");
   }
   FakeHub::Stream& s = hub_.stream(peer, rank_);
-  FakeHub::Header h{op_.kind, op_.code, op_.seq, op_.name, op_.sig};
+  const FakeHub::Header h = FakeHub::Header::of(op_);
   s.recvs.push_back({static_cast<uint8_t*>(data), len, h});
   Request request{peer, false, s.recvs_posted++};
   hub_.match(peer, rank_);
@@ -161,25 +161,9 @@ void FakeHub::match(int from, int to) {
     s.sends.pop_front();
     s.recvs.pop_front();
     ++s.sends_done;  // the bytes went out, whatever the receiver makes of them
-    const Header& g = send.header;
     const Header& w = recv.header;
-    const bool p2p = w.kind == FrameKind::kP2P;
-    const bool same_call = g.kind == w.kind && g.code == w.code && g.sig == w.sig &&
-                           (p2p || g.seq == w.seq);
-    std::string what;
-    if (!same_call) {
-      const bool their_p2p = g.kind == FrameKind::kP2P;
-      what = transport::mismatch_text(
-          rank_name(from) + " (host " + hosts_[from] + ")", from,
-          transport::describe_call(g.code, their_p2p ? g.name : nullptr, g.seq, their_p2p, g.sig),
-          transport::describe_call(w.code, p2p ? w.name : nullptr, w.seq, p2p, w.sig));
-    } else if (send.len != recv.len) {
-      std::ostringstream m;
-      m << "mismatched message from " << rank_name(from) << " (host " << hosts_[from]
-        << "): expected " << recv.len << " bytes, got " << send.len
-        << " bytes: the ranks issued different operations, counts or types";
-      what = m.str();
-    }
+    const std::string what = transport::call_mismatch(send.header, send.len, w, recv.len, from,
+                                                      rank_name(from) + " (host " + hosts_[from] + ")");
     if (!what.empty()) {
       std::string& failure = ranks_[to].failure;
       if (failure.empty()) {

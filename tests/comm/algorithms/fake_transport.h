@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/call_header.h"
 #include "comm/transport/transport.h"
 
 namespace chorus::test {
@@ -101,13 +102,7 @@ class FakeHub {
   friend class FakeTransport;
 
   // What a send carries besides its bytes: the call it belongs to.
-  struct Header {
-    transport::FrameKind kind = transport::FrameKind::kCollective;
-    uint8_t code = 0;
-    uint64_t seq = 0;
-    const char* name = "";
-    transport::Signature sig;
-  };
+  using Header = transport::CallHeader;
   struct Send {
     const uint8_t* data;
     size_t len;

@@ -1,0 +1,241 @@
+// chorus-sim: runs one collective with one algorithm of src/comm/algorithms (a flat
+// one, or hierarchical over the simulated nodes) on --ranks simulated ranks (nodes of
+// --ranks-per-node consecutive ranks) over the link model of the options, and prints
+// its simulated time and bandwidths as nccl-tests does (a table row, or with --json one
+// JSON object):
+//   algbw = bytes / time;  busbw = algbw * factor, factor 2(N-1)/N for allreduce,
+//   (N-1)/N for reduce_scatter, allgather, alltoall, gather and scatter, 1 for
+//   broadcast and reduce.
+// --bytes is nccl-tests' size: the buffer of allreduce, broadcast and reduce; the whole
+// output of allgather and gather, the whole input of reduce_scatter and scatter, each
+// rank's whole send buffer of alltoall (so every rank holds about --bytes, twice for
+// out-of-place collectives; allreduce runs in place). Elements are f32; the results
+// are not checked here (tests/comm/sim/sim_test.cc does).
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chorus/version.h"
+#include "comm/algorithms/algorithms.h"
+#include "comm/communicator/plan.h"
+#include "comm/sim/simulator.h"
+
+namespace chorus::sim {
+namespace {
+
+namespace alg = algorithms;
+constexpr DataType kType = DataType::kFloat32;
+constexpr size_t kElem = 4;
+
+struct Case {
+  size_t count = 0;  // elements per rank's block (or buffer: allreduce, broadcast, reduce)
+  size_t segment = kDefaultSegmentBytes;
+};
+
+struct Algorithm {
+  const char* collective;
+  double bus_factor_n;  // busbw factor numerator: times (N - 1) / N, or 0: factor 1
+  std::function<void(RankEnv&, const Case&)> run;
+};
+
+std::vector<float> block(size_t n) { return std::vector<float>(n, 1.0f); }
+
+// Counts and displacements of `n` blocks of `count` elements each, back to back.
+std::pair<std::vector<size_t>, std::vector<size_t>> even_blocks(size_t n, size_t count) {
+  std::vector<size_t> counts(n, count), displs(n);
+  for (size_t r = 0; r < n; ++r) displs[r] = r * count;
+  return {counts, displs};
+}
+
+// The algorithms of one signature: an allreduce in place (one buffer per rank), a
+// broadcast and a reduce from root 0 (output on the root only). Every one gets the
+// segment size; those that do not pipeline ignore it.
+using AllreduceFn = void (*)(const alg::Context&, const void*, void*, size_t);
+using BroadcastFn = void (*)(const alg::Context&, void*, size_t, int);
+using RootedReduceFn = void (*)(const alg::Context&, const void*, void*, size_t, int);
+
+Algorithm allreduce(AllreduceFn fn) {
+  return {"allreduce", 2, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> buf = block(c.count);
+            fn(env.begin("allreduce", kType, true, ReduceOp::kSum, c.count, -1, c.segment), buf.data(),
+               buf.data(), c.count);
+          }};
+}
+
+Algorithm broadcast(BroadcastFn fn) {
+  return {"broadcast", 0, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> buf = block(c.count);
+            fn(env.begin("broadcast", kType, false, ReduceOp::kSum, c.count, 0, c.segment), buf.data(),
+               c.count, 0);
+          }};
+}
+
+Algorithm reduce(RootedReduceFn fn) {
+  return {"reduce", 0, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count : 0);
+            fn(env.begin("reduce", kType, true, ReduceOp::kSum, c.count, 0, c.segment), in.data(),
+               out.data(), c.count, 0);
+          }};
+}
+
+const std::map<std::string, Algorithm>& algorithms_table() {
+  static const std::map<std::string, Algorithm> table = {
+      {"allreduce:ring", allreduce(alg::allreduce_ring)},
+      {"allreduce:recursive_doubling", allreduce(alg::allreduce_recursive_doubling)},
+      {"allreduce:halving_doubling", allreduce(alg::allreduce_halving_doubling)},
+      {"allreduce:hierarchical", allreduce(communicator::planned_allreduce_hierarchical)},
+      {"reduce_scatter:ring", {"reduce_scatter", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> in = block(c.count * env.size()), out = block(c.count);
+         alg::reduce_scatter_ring(env.begin("reduce_scatter", kType, true, ReduceOp::kSum, c.count, -1, c.segment),
+                                  in.data(), out.data(), c.count);
+       }}},
+      {"allgather:ring", {"allgather", 1, [](RankEnv& env, const Case& c) {
+         const size_t n = env.size();
+         auto [counts, displs] = even_blocks(n, c.count);
+         std::vector<float> out = block(c.count * n);
+         alg::allgatherv_ring(env.begin("allgatherv", kType, false, ReduceOp::kSum,
+                                        transport::counts_digest(counts.data(), n), -1, c.segment),
+                              out.data() + env.rank() * c.count, out.data(), counts, displs);
+       }}},
+      {"allgather:hierarchical", {"allgather", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> out = block(c.count * env.size());
+         alg::allgather_hierarchical(env.begin("allgather", kType, false, ReduceOp::kSum, c.count),
+                                     out.data() + env.rank() * c.count, out.data(), c.count);
+       }}},
+      {"broadcast:binomial", broadcast(alg::broadcast_binomial)},
+      {"broadcast:hierarchical", broadcast(communicator::planned_broadcast_hierarchical)},
+      {"broadcast:chain", broadcast(alg::broadcast_chain)},
+      {"reduce:binomial", reduce(alg::reduce_binomial)},
+      {"reduce:ring", reduce(alg::reduce_ring)},
+      {"gather:direct", {"gather", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count * env.size() : 0);
+         alg::gather_direct(env.begin("gather", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
+       }}},
+      {"scatter:direct", {"scatter", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> in = block(env.rank() == 0 ? c.count * env.size() : 0), out = block(c.count);
+         alg::scatter_direct(env.begin("scatter", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
+       }}},
+      {"alltoall:pairwise", {"alltoall", 1, [](RankEnv& env, const Case& c) {
+         const size_t n = env.size();
+         auto [counts, displs] = even_blocks(n, c.count);
+         std::vector<float> in = block(c.count * n), out = block(c.count * n);
+         alg::alltoallv_pairwise(env.begin("alltoallv", kType, false, ReduceOp::kSum, 0), in.data(), counts,
+                                 displs, out.data(), counts, displs);
+       }}},
+      {"barrier:dissemination", {"barrier", 0, [](RankEnv& env, const Case&) {
+         alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
+       }}},
+  };
+  return table;
+}
+
+struct Args {
+  std::string collective = "allreduce", algorithm = "ring";
+  int ranks = 64, ranks_per_node = 8;
+  size_t bytes = 1 << 20, segment = kDefaultSegmentBytes;
+  LinkModel model;
+  bool json = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args o;
+  double intra_alpha_us = o.model.intra_alpha * 1e6, inter_alpha_us = o.model.inter_alpha * 1e6;
+  double intra_gbs = o.model.intra_beta / 1e9, inter_gbs = o.model.inter_beta / 1e9;
+  double nic_gbs = o.model.nic_bandwidth / 1e9, reduce_gbs = o.model.reduce_rate / 1e9;
+  CLI::App app{"one collective on simulated ranks, in virtual time (docs/simulator.md)", "chorus-sim"};
+  app.set_version_flag("--version", std::string("chorus-sim ") + CHORUS_VERSION);
+  app.add_option("-o,--collective", o.collective, "allreduce, reduce_scatter, allgather, broadcast, "
+                 "reduce, gather, scatter, alltoall, barrier");
+  app.add_option("-a,--algorithm", o.algorithm, "ring, recursive_doubling, halving_doubling, binomial, "
+                 "chain, direct, pairwise, dissemination, hierarchical (which exist for the collective)");
+  app.add_option("-n,--ranks", o.ranks, "simulated ranks")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--ranks-per-node", o.ranks_per_node, "consecutive ranks per node")->check(CLI::Range(1, 1 << 16));
+  app.add_option("-b,--bytes", o.bytes, "size as nccl-tests counts it (K/M/G suffixes)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--segment", o.segment, "pipelining segment of ring and chain, bytes")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--intra-alpha-us", intra_alpha_us, "latency within a node, microseconds");
+  app.add_option("--intra-gbs", intra_gbs, "bandwidth of a stream within a node, GB/s");
+  app.add_option("--inter-alpha-us", inter_alpha_us, "latency between nodes, microseconds");
+  app.add_option("--inter-gbs", inter_gbs, "bandwidth of a stream between nodes, GB/s");
+  app.add_option("--nic-gbs", nic_gbs, "a node's NIC, each direction, GB/s (0: unlimited)");
+  app.add_option("--reduce-gbs", reduce_gbs, "reduction output per rank, GB/s (0: free)");
+  app.add_flag("--json", o.json, "print one JSON object");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  }
+  o.model = LinkModel{intra_alpha_us * 1e-6, intra_gbs * 1e9, inter_alpha_us * 1e-6,
+                      inter_gbs * 1e9, nic_gbs * 1e9, reduce_gbs * 1e9};
+  return o;
+}
+
+// Elements of one rank's block (see the header for what --bytes counts).
+size_t block_count(const Algorithm& a, const Args& o) {
+  const std::string c = a.collective;
+  const bool per_rank = c == "reduce_scatter" || c == "allgather" || c == "gather" ||
+                        c == "scatter" || c == "alltoall";
+  return (per_rank ? o.bytes / o.ranks : o.bytes) / kElem;
+}
+
+long peak_rss_kib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+int run(const Args& o) {
+  auto it = algorithms_table().find(o.collective + ":" + o.algorithm);
+  if (it == algorithms_table().end()) {
+    std::fprintf(stderr, "chorus-sim: no algorithm %s for %s; there are:", o.algorithm.c_str(),
+                 o.collective.c_str());
+    for (const auto& [name, algorithm] : algorithms_table()) std::fprintf(stderr, " %s", name.c_str());
+    std::fprintf(stderr, "\n");
+    return 2;
+  }
+  const Algorithm& a = it->second;
+  const Case c{block_count(a, o), o.segment};
+  const auto start = std::chrono::steady_clock::now();
+  const Result r = Simulator().run(o.ranks, o.ranks_per_node, o.model, [&](RankEnv& env) { a.run(env, c); });
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double n = o.ranks, bytes = a.collective == std::string("barrier") ? 0 : static_cast<double>(o.bytes);
+  const double algbw = r.time > 0 ? bytes / r.time / 1e9 : 0;
+  const double busbw = algbw * (a.bus_factor_n > 0 ? a.bus_factor_n * (n - 1) / n : 1);
+  if (o.json) {
+    std::printf("{\"collective\": \"%s\", \"algorithm\": \"%s\", \"ranks\": %d, \"ranks_per_node\": %d, "
+                "\"bytes\": %zu, \"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
+                "\"messages\": %llu, \"max_peers\": %u, \"events\": %llu, \"wall_s\": %.3f, "
+                "\"peak_rss_mib\": %.1f}\n",
+                a.collective, o.algorithm.c_str(), o.ranks, o.ranks_per_node, o.bytes, r.time * 1e6, algbw,
+                busbw, static_cast<unsigned long long>(r.messages), r.max_peers,
+                static_cast<unsigned long long>(r.events), wall, peak_rss_kib() / 1024.0);
+    return 0;
+  }
+  std::printf("%-15s %-19s %6s %5s %10s %12s %9s %9s %10s %6s %8s %8s\n", "collective", "algorithm", "ranks",
+              "/node", "bytes", "time(us)", "algbw", "busbw", "messages", "peers", "wall(s)", "rss(MiB)");
+  std::printf("%-15s %-19s %6d %5d %10zu %12.3f %9.3f %9.3f %10llu %6u %8.2f %8.1f\n", a.collective,
+              o.algorithm.c_str(), o.ranks, o.ranks_per_node, o.bytes, r.time * 1e6, algbw, busbw,
+              static_cast<unsigned long long>(r.messages), r.max_peers, wall, peak_rss_kib() / 1024.0);
+  return 0;
+}
+
+}  // namespace
+}  // namespace chorus::sim
+
+int main(int argc, char** argv) {
+  const chorus::sim::Args o = chorus::sim::parse(argc, argv);
+  try {
+    return chorus::sim::run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorus-sim: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,498 @@
+// The simulator (src/comm/sim, docs/simulator.md): every flat algorithm of
+// algorithms.h, and the hierarchical ones, over SimTransport, with results checked against the closed forms of
+// tests/util/expected.h, on small worlds (1..8 ranks, counts 0, 1 and odd ones) and
+// on 1,024 ranks in nodes of 8 (Sim1024.*: the suites that scripts/sanitize.sh thread
+// leaves out); its errors (a deadlock, a mismatched call); its determinism; and its
+// times against the alpha-beta formulas.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/communicator/plan.h"
+#include "comm/sim/simulator.h"
+#include "util/expected.h"
+
+namespace chorus {
+namespace {
+
+namespace alg = algorithms;
+using sim::LinkModel;
+using sim::RankEnv;
+using sim::Result;
+using sim::Simulator;
+using test::check_move;
+using test::fill_move;
+using test::fill_reduce_input;
+using test::ReduceExpectation;
+using Bytes = std::vector<uint8_t>;
+
+// A network with no NIC limit and free reductions: the textbook alpha-beta model.
+LinkModel flat_model(double alpha, double beta) {
+  LinkModel m;
+  m.intra_alpha = m.inter_alpha = alpha;
+  m.intra_beta = m.inter_beta = beta;
+  m.nic_bandwidth = 0;
+  m.reduce_rate = 0;
+  return m;
+}
+
+std::string at(const char* algo, const RankEnv& env, DataType d, size_t n, int root = -1) {
+  std::string s = std::string(algo) + " " + dtype_name(d) + " count " + std::to_string(n) +
+                  " of " + std::to_string(env.size()) + " ranks, rank " + std::to_string(env.rank());
+  return root < 0 ? s : s + ", root " + std::to_string(root);
+}
+
+// ---- one case of each family, checked on every rank
+
+using AllreduceFn = void (*)(const alg::Context&, const void*, void*, size_t);
+using ReduceAlgoFn = void (*)(const alg::Context&, const void*, void*, size_t, int);
+using BroadcastFn = void (*)(const alg::Context&, void*, size_t, int);
+
+void allreduce_case(RankEnv& env, const char* name, AllreduceFn fn, DataType d, ReduceOp op,
+                    size_t n) {
+  const size_t elem = dtype_size(d);
+  Bytes in(n * elem), out(n * elem);
+  fill_reduce_input(d, op, env.rank(), in.data(), 0, n);
+  fn(env.begin("allreduce", d, true, op, n), in.data(), out.data(), n);
+  EXPECT_EQ(ReduceExpectation(d, op, env.size()).count_wrong(out.data(), 0, n, 0), 0u)
+      << at(name, env, d, n);
+}
+
+void reduce_scatter_case(RankEnv& env, DataType d, ReduceOp op, size_t n) {
+  const size_t elem = dtype_size(d), total = n * env.size();
+  Bytes in(total * elem), out(n * elem);
+  fill_reduce_input(d, op, env.rank(), in.data(), 0, total);
+  alg::reduce_scatter_ring(env.begin("reduce_scatter", d, true, op, n), in.data(), out.data(), n);
+  EXPECT_EQ(ReduceExpectation(d, op, env.size())
+                .count_wrong(out.data(), static_cast<size_t>(env.rank()) * n, n, 0),
+            0u)
+      << at("reduce_scatter_ring", env, d, n);
+}
+
+void reduce_case(RankEnv& env, const char* name, ReduceAlgoFn fn, DataType d, ReduceOp op,
+                 size_t n, int root) {
+  const size_t elem = dtype_size(d);
+  Bytes in(n * elem), out(n * elem);
+  fill_reduce_input(d, op, env.rank(), in.data(), 0, n);
+  fn(env.begin("reduce", d, true, op, n, root), in.data(), out.data(), n, root);
+  if (env.rank() != root) return;
+  EXPECT_EQ(ReduceExpectation(d, op, env.size()).count_wrong(out.data(), 0, n, 0), 0u)
+      << at(name, env, d, n, root);
+}
+
+void broadcast_case(RankEnv& env, const char* name, BroadcastFn fn, DataType d, size_t n,
+                    int root) {
+  Bytes buf(n * dtype_size(d));
+  if (env.rank() == root) fill_move(d, root, buf.data(), 0, n);
+  fn(env.begin("broadcast", d, false, ReduceOp::kSum, n, root), buf.data(), n, root);
+  EXPECT_EQ(check_move(d, root, buf.data(), 0, n), "") << at(name, env, d, n, root);
+}
+
+void allgatherv_case(RankEnv& env, DataType d, size_t n) {
+  const int size = env.size(), rank = env.rank();
+  const size_t elem = dtype_size(d);
+  std::vector<size_t> counts(size), displs(size);
+  size_t total = 0;
+  for (int r = 0; r < size; ++r) {  // uneven: n, n + 1, n + 2, n, ...
+    counts[r] = n + static_cast<size_t>(r % 3);
+    displs[r] = total;
+    total += counts[r];
+  }
+  Bytes in(counts[rank] * elem), out(total * elem);
+  fill_move(d, rank, in.data(), 0, counts[rank]);
+  const uint64_t digest = transport::counts_digest(counts.data(), counts.size());
+  alg::allgatherv_ring(env.begin("allgatherv", d, false, ReduceOp::kSum, digest), in.data(),
+                       out.data(), counts, displs);
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(check_move(d, r, out.data() + displs[r] * elem, 0, counts[r]), "")
+        << at("allgatherv_ring", env, d, n) << ", block " << r;
+  }
+}
+
+void gather_scatter_case(RankEnv& env, DataType d, size_t n, int root) {
+  const int size = env.size(), rank = env.rank();
+  const size_t elem = dtype_size(d), total = n * size;
+  Bytes in(n * elem), all(total * elem);
+  fill_move(d, rank, in.data(), 0, n);
+  alg::gather_direct(env.begin("gather", d, false, ReduceOp::kSum, n, root), in.data(),
+                     all.data(), n, root);
+  if (rank == root) {
+    for (int r = 0; r < size; ++r) {
+      EXPECT_EQ(check_move(d, r, all.data() + r * n * elem, 0, n), "")
+          << at("gather_direct", env, d, n, root) << ", block " << r;
+    }
+    fill_move(d, root, all.data(), 0, total);
+  }
+  Bytes mine(n * elem);
+  alg::scatter_direct(env.begin("scatter", d, false, ReduceOp::kSum, n, root), all.data(),
+                      mine.data(), n, root);
+  EXPECT_EQ(check_move(d, root, mine.data(), static_cast<size_t>(rank) * n, n), "")
+      << at("scatter_direct", env, d, n, root);
+}
+
+// Rank `from` sends c(from, to) = n + (from + 2 to) % 3 elements to `to` (none when n is
+// 0), packed in rank order.
+void alltoallv_case(RankEnv& env, DataType d, size_t n) {
+  const int size = env.size(), rank = env.rank();
+  const size_t elem = dtype_size(d);
+  auto c = [&](int from, int to) { return n == 0 ? size_t{0} : n + static_cast<size_t>((from + 2 * to) % 3); };
+  std::vector<size_t> sc(size), sd(size), rc(size), rd(size);
+  size_t send_total = 0, recv_total = 0;
+  for (int q = 0; q < size; ++q) {
+    sc[q] = c(rank, q), sd[q] = send_total, send_total += sc[q];
+    rc[q] = c(q, rank), rd[q] = recv_total, recv_total += rc[q];
+  }
+  Bytes in(send_total * elem), out(recv_total * elem);
+  fill_move(d, rank, in.data(), 0, send_total);
+  alg::alltoallv_pairwise(env.begin("alltoallv", d, false, ReduceOp::kSum, 0), in.data(), sc, sd,
+                          out.data(), rc, rd);
+  for (int q = 0; q < size; ++q) {
+    size_t first = 0;  // where q sent it from: the blocks of q's lower destinations
+    for (int p = 0; p < rank; ++p) first += c(q, p);
+    EXPECT_EQ(check_move(d, q, out.data() + rd[q] * elem, first, rc[q]), "")
+        << at("alltoallv_pairwise", env, d, n) << ", from rank " << q;
+  }
+}
+
+void allgather_hierarchical_case(RankEnv& env, DataType d, size_t n) {
+  const size_t elem = dtype_size(d);
+  Bytes in(n * elem), out(n * env.size() * elem);
+  fill_move(d, env.rank(), in.data(), 0, n);
+  alg::allgather_hierarchical(env.begin("allgather", d, false, ReduceOp::kSum, n), in.data(),
+                              out.data(), n);
+  for (int r = 0; r < env.size(); ++r) {
+    EXPECT_EQ(check_move(d, r, out.data() + r * n * elem, 0, n), "")
+        << at("allgather_hierarchical", env, d, n) << ", block " << r;
+  }
+}
+
+// The hierarchical algorithms over the simulator's nodes (flat ones where the nodes
+// are not uniform); root size - 1; the allgather of `gathered` elements per rank.
+void hierarchical_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n, size_t gathered) {
+  allreduce_case(env, "allreduce_hierarchical", communicator::planned_allreduce_hierarchical, d, op, n);
+  broadcast_case(env, "broadcast_hierarchical", communicator::planned_broadcast_hierarchical, d, n, env.size() - 1);
+  allgather_hierarchical_case(env, d, gathered);
+}
+
+// Every flat algorithm at count n, in one simulated run: reductions in `d` with `op`,
+// data movement in `d`; roots 0 and size - 1.
+void all_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n) {
+  allreduce_case(env, "allreduce_ring", alg::allreduce_ring, d, op, n);
+  allreduce_case(env, "allreduce_recursive_doubling", alg::allreduce_recursive_doubling, d, op, n);
+  allreduce_case(env, "allreduce_halving_doubling", alg::allreduce_halving_doubling, d, op, n);
+  reduce_scatter_case(env, d, op, n);
+  allgatherv_case(env, d, n);
+  for (int root : {0, env.size() - 1}) {
+    broadcast_case(env, "broadcast_binomial", alg::broadcast_binomial, d, n, root);
+    broadcast_case(env, "broadcast_chain", alg::broadcast_chain, d, n, root);
+    reduce_case(env, "reduce_binomial", alg::reduce_binomial, d, op, n, root);
+    reduce_case(env, "reduce_ring", alg::reduce_ring, d, op, n, root);
+    gather_scatter_case(env, d, n, root);
+  }
+  alltoallv_case(env, d, n);
+  alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
+}
+
+// ---- small worlds: sizes 1..8 (odd ones fold), counts 0, 1 and odd, two nodes where
+// there are two ranks or more (so both link kinds and the NICs are used; uniform ones,
+// for the hierarchical algorithms, at even sizes).
+
+class SimSmall : public testing::TestWithParam<int> {};
+
+TEST_P(SimSmall, EveryFlatAlgorithm) {
+  const int size = GetParam();
+  Simulator sim;
+  for (size_t n : {0, 1, 7, 1001}) {
+    sim.run(size, (size + 1) / 2, LinkModel{}, [&](RankEnv& env) {
+      all_algorithms(env, DataType::kInt32, ReduceOp::kSum, n);
+      all_algorithms(env, DataType::kFloat32, ReduceOp::kMax, n);
+      hierarchical_algorithms(env, DataType::kInt32, ReduceOp::kSum, n, n);
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, SimSmall, testing::Range(1, 9));
+
+// ---- 1,024 ranks in nodes of 8
+
+constexpr int kRanks = 1024, kPerNode = 8;
+
+TEST(Sim1024, Allreduce) {
+  Result r = Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    allreduce_case(env, "allreduce_ring", alg::allreduce_ring, DataType::kInt32, ReduceOp::kSum, 1001);
+    allreduce_case(env, "allreduce_recursive_doubling", alg::allreduce_recursive_doubling,
+                   DataType::kInt32, ReduceOp::kSum, 1001);
+    allreduce_case(env, "allreduce_halving_doubling", alg::allreduce_halving_doubling,
+                   DataType::kFloat32, ReduceOp::kMax, 1001);
+  });
+  EXPECT_GT(r.time, 0);
+  // The ring's two neighbours and recursive doubling's log2(1024) partners, one of them
+  // a neighbour (r ^ 1).
+  EXPECT_EQ(r.max_peers, 11u);
+}
+
+TEST(Sim1024, ReduceScatterAllgatherv) {
+  Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    reduce_scatter_case(env, DataType::kInt32, ReduceOp::kSum, 3);
+    allgatherv_case(env, DataType::kFloat32, 3);
+  });
+}
+
+TEST(Sim1024, BroadcastReduce) {
+  Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    for (int root : {0, 777}) {
+      broadcast_case(env, "broadcast_binomial", alg::broadcast_binomial, DataType::kFloat32, 1001, root);
+      broadcast_case(env, "broadcast_chain", alg::broadcast_chain, DataType::kFloat32, 1001, root);
+      reduce_case(env, "reduce_binomial", alg::reduce_binomial, DataType::kInt32, ReduceOp::kSum, 1001, root);
+      reduce_case(env, "reduce_ring", alg::reduce_ring, DataType::kInt32, ReduceOp::kSum, 1001, root);
+    }
+  });
+}
+
+TEST(Sim1024, GatherScatterBarrier) {
+  Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    gather_scatter_case(env, DataType::kInt64, 5, 1023);
+    alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
+  });
+}
+
+TEST(Sim1024, AlltoallvTalksToEveryRank) {
+  Result r = Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    alltoallv_case(env, DataType::kInt64, 1);
+  });
+  EXPECT_EQ(r.max_peers, static_cast<uint32_t>(kRanks - 1));
+}
+
+TEST(Sim1024, Hierarchical) {
+  Result r = Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    hierarchical_algorithms(env, DataType::kInt64, ReduceOp::kSum, 1001, 3);
+  });
+  EXPECT_GT(r.time, 0);
+}
+
+// ---- errors: never a hang
+
+// The SimulationError that running `body` ends in (a test failure when it returns).
+sim::SimulationError failure(int ranks, int per_node, const std::function<void(RankEnv&)>& body,
+                             const LinkModel& model = {}, const sim::Options& options = {}) {
+  try {
+    Simulator(options).run(ranks, per_node, model, body);
+  } catch (const sim::SimulationError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "the run must fail";
+  return sim::SimulationError(ErrorKind::kSystem, "", {});
+}
+
+// `m` contains `part`, as a gtest check that prints `m` otherwise.
+testing::AssertionResult has(const std::string& m, const std::string& part) {
+  if (m.find(part) != std::string::npos) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "no \"" << part << "\" in: " << m;
+}
+
+TEST(SimErrors, DeadlockNamesTheStuckRanks) {
+  const sim::SimulationError e = failure(4, 2, [](RankEnv& env) {
+    env.begin("allreduce", DataType::kFloat64, true, ReduceOp::kSum, 1);
+    double x = 0;
+    transport::Transport& t = env.transport();
+    t.wait(t.irecv((env.rank() + 1) % env.size(), &x, sizeof x));  // nobody sends
+  });
+  EXPECT_TRUE(has(e.what(), "simulated deadlock"));
+  EXPECT_TRUE(has(e.what(), "allreduce #1 timed out on rank 2 (host node1)"));
+  EXPECT_TRUE(has(e.what(), "to receive 8 bytes from rank 3"));
+  EXPECT_EQ(e.failed_ranks(), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+}
+
+TEST(SimErrors, RootsThatDisagreeDeadlockOrMismatch) {
+  failure(5, 5, [](RankEnv& env) {
+    std::vector<float> buf(10);
+    const int root = env.rank() == 3 ? 1 : 0;
+    alg::broadcast_binomial(env.begin("broadcast", DataType::kFloat32, false, ReduceOp::kSum, 10, root),
+                            buf.data(), 10, root);
+  });
+}
+
+TEST(SimErrors, MismatchedCountNamesBothCalls) {
+  const sim::SimulationError e = failure(2, 1, [](RankEnv& env) {
+    const size_t n = env.rank() == 0 ? 4 : 5;
+    std::vector<float> in(n, 1), out(n);
+    alg::allreduce_recursive_doubling(env.begin("allreduce", DataType::kFloat32, true, ReduceOp::kSum, n),
+                                      in.data(), out.data(), n);
+  });
+  EXPECT_TRUE(has(e.what(), "rank 1 called allreduce #1 with f32 × 5, sum"));
+  EXPECT_EQ(e.kind(), ErrorKind::kPeer);
+}
+
+TEST(SimErrors, AThrowingRankFailsItsPeers) {
+  const sim::SimulationError e = failure(3, 3, [](RankEnv& env) {
+    if (env.rank() == 2) throw InvalidArgumentError("rank 2 gave up");
+    alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
+  });
+  const std::string m = e.what();
+  EXPECT_TRUE(has(m, "rank 2: rank 2 gave up"));
+  EXPECT_LT(m.find("rank 2 gave up"), m.find("rank 2 aborted")) << "the root cause first: " << m;
+}
+
+TEST(SimErrors, ARankThatLeftFailsTheWaitsOnIt) {
+  const sim::SimulationError e = failure(2, 2, [](RankEnv& env) {
+    env.begin("broadcast", DataType::kFloat32, false, ReduceOp::kSum, 1, 1);
+    transport::Transport& t = env.transport();
+    float x = 0;
+    if (env.rank() == 1) return t.close();
+    t.wait(t.irecv(1, &x, sizeof x));
+  });
+  EXPECT_TRUE(has(e.what(), "broadcast #1 failed on rank 0 (host node0): rank 1 left the communicator"));
+  EXPECT_EQ(e.failed_ranks(), std::vector<int>{0});
+}
+
+TEST(SimErrors, InterruptAbortsTheWait) {
+  const sim::SimulationError e = failure(2, 1, [](RankEnv& env) {
+    env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0);
+    transport::Transport& t = env.transport();
+    uint8_t x = 0;
+    if (env.rank() == 0) t.interrupt("the user asked");
+    t.wait(t.irecv(1 - env.rank(), &x, 1));
+  });
+  EXPECT_TRUE(has(e.what(), "barrier #1 on rank 0 (host node0) was aborted: the user asked"));
+}
+
+// Two ranks play ping-pong for 10 ms of simulated time; the limit is 1 ms.
+TEST(SimErrors, PastTheTimeLimitEveryWaitEnds) {
+  sim::Options options;
+  options.max_time = 1e-3;
+  const sim::SimulationError e = failure(
+      2, 1,
+      [](RankEnv& env) {
+        env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0);
+        transport::Transport& t = env.transport();
+        uint8_t x = 0;
+        for (int i = 0; i < 500; ++i) {
+          if ((i + env.rank()) % 2 == 0) t.wait(t.isend(1 - env.rank(), &x, 1));
+          else t.wait(t.irecv(1 - env.rank(), &x, 1));
+        }
+      },
+      flat_model(10e-6, 1e9), options);
+  EXPECT_TRUE(has(e.what(), "simulated time passed the limit"));
+  EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+}
+
+// ---- determinism and the model's times
+
+// wait_for() waits slices of virtual time: rank 1 computes for 1 ms (a charged
+// reduction) before it sends, rank 0 polls in slices of 100 us.
+TEST(SimTime, WaitForSlicesAreVirtual) {
+  LinkModel m = flat_model(1e-6, 1e9);
+  m.reduce_rate = 1e6;  // 1000 bytes: 1 ms
+  int slices = 0;
+  double polled_at = 0;
+  Simulator().run(2, 1, m, [&](RankEnv& env) {
+    alg::Context ctx = env.begin("allreduce", DataType::kUInt8, true, ReduceOp::kSum, 1000);
+    transport::Transport& t = env.transport();
+    std::vector<uint8_t> a(1000, 1), b(1000, 2);
+    if (env.rank() == 1) {
+      ctx.reduce(a.data(), a.data(), b.data(), a.size());
+      t.wait(t.isend(0, a.data(), a.size()));
+      return;
+    }
+    transport::Request r = t.irecv(1, b.data(), b.size());
+    while (!t.wait_for(&r, std::chrono::microseconds(100))) {
+      ++slices;
+      polled_at = env.now();
+    }
+    EXPECT_EQ(b[999], 3);
+  });
+  EXPECT_EQ(slices, 10);
+  EXPECT_NEAR(polled_at, 1e-3, 1e-9);
+}
+
+
+TEST(SimTime, SameRunSameTimes) {
+  auto once = [] {
+    return Simulator().run(64, 8, LinkModel{}, [](RankEnv& env) {
+      allreduce_case(env, "allreduce_ring", alg::allreduce_ring, DataType::kFloat32, ReduceOp::kSum, 4099);
+      alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
+    });
+  };
+  const Result a = once(), b = once();
+  EXPECT_EQ(a.rank_time, b.rank_time);
+  EXPECT_EQ(a.events, b.events);
+  EXPECT_GT(a.time, 0);
+}
+
+// Ring allreduce of n bytes on N ranks, one per node, no NIC limit: 2 (N - 1) steps of
+// alpha + n / (N beta) (one segment per chunk).
+TEST(SimTime, RingAllreduceFollowsAlphaBeta) {
+  const int N = 16;
+  const double alpha = 10e-6, beta = 1e9;
+  const size_t count = 256 * 1024;  // 1 MiB of f32
+  const double bytes = count * 4.0;
+  Result r = Simulator().run(N, 1, flat_model(alpha, beta), [&](RankEnv& env) {
+    std::vector<float> buf(count, 1.0f);
+    alg::allreduce_ring(env.begin("allreduce", DataType::kFloat32, true, ReduceOp::kSum, count),
+                        buf.data(), buf.data(), count);
+    EXPECT_EQ(buf[count - 1], static_cast<float>(N));
+  });
+  const double formula = 2.0 * (N - 1) * (alpha + bytes / (N * beta));
+  EXPECT_NEAR(r.time, formula, 0.02 * formula);
+}
+
+// Recursive doubling of 8 bytes: log2 N exchanges of one latency each.
+TEST(Sim1024, RecursiveDoublingScalesWithLog2) {
+  const double alpha = 5e-6, beta = 10e9;
+  for (int N : {16, 128, 1024}) {
+    Result r = Simulator().run(N, 1, flat_model(alpha, beta), [](RankEnv& env) {
+      double x = 1;
+      alg::allreduce_recursive_doubling(
+          env.begin("allreduce", DataType::kFloat64, true, ReduceOp::kSum, 1), &x, &x, 1);
+    });
+    const double formula = std::log2(N) * (alpha + 8 / beta);
+    EXPECT_NEAR(r.time, formula, 0.01 * formula) << N << " ranks";
+  }
+}
+
+// Eight ranks of one node each send 1 MiB to a rank of the other node: their NIC
+// carries them one after another.
+TEST(SimTime, NodesShareTheirNic) {
+  LinkModel m = flat_model(10e-6, 10e9);
+  m.nic_bandwidth = 1e9;
+  const size_t bytes = 1 << 20;
+  Result r = Simulator().run(16, 8, m, [&](RankEnv& env) {
+    std::vector<uint8_t> buf(bytes);
+    transport::Transport& t = env.transport();
+    env.begin("alltoall", DataType::kUInt8, false, ReduceOp::kSum, bytes);
+    if (env.rank() < 8) t.wait(t.isend(env.rank() + 8, buf.data(), bytes));
+    else t.wait(t.irecv(env.rank() - 8, buf.data(), bytes));
+  });
+  const double formula = 10e-6 + 8 * bytes / 1e9;
+  EXPECT_NEAR(r.time, formula, 0.01 * formula);
+  EXPECT_EQ(r.messages, 8u);
+  EXPECT_EQ(r.bytes, 8u * bytes);
+}
+
+// A charged reduction takes bytes / reduce_rate: the ring's N - 1 reductions of a chunk
+// add (N - 1) n / (N rate).
+TEST(SimTime, ReductionsAreCharged) {
+  const int N = 8;
+  const size_t count = 64 * 1024;
+  auto run = [&](double rate) {
+    LinkModel m = flat_model(1e-6, 1e9);
+    m.reduce_rate = rate;
+    return Simulator().run(N, 1, m, [&](RankEnv& env) {
+      std::vector<float> buf(count, 1.0f);
+      alg::allreduce_ring(env.begin("allreduce", DataType::kFloat32, true, ReduceOp::kSum, count),
+                          buf.data(), buf.data(), count);
+    }).time;
+  };
+  const double extra = run(1e9) - run(0);
+  const double formula = (N - 1) * (count * 4.0 / N) / 1e9;
+  EXPECT_NEAR(extra, formula, 0.02 * formula);
+}
+
+}  // namespace
+}  // namespace chorus
