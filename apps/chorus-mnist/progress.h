@@ -41,7 +41,8 @@ inline std::string format_eta(double seconds) {
 inline std::string render_progress(const Progress& p, int bar_width = 20) {
   const double done = p.steps > 0 ? std::clamp(static_cast<double>(p.step) / p.steps, 0.0, 1.0) : 0.0;
   const int filled = static_cast<int>(done * bar_width);
-  std::string bar = "[" + std::string(filled, '#') + std::string(bar_width - filled, '-') + "]";
+  std::string bar = "[";
+  bar.append(filled, '#').append(bar_width - filled, '-').append("]");
   char head[64], steps[64], rate[48];
   std::snprintf(head, sizeof head, "epoch %lld/%lld ", static_cast<long long>(p.epoch + 1),
                 static_cast<long long>(p.epochs));
