@@ -7,12 +7,15 @@
 # sixth is the ceiling of any synchronous one: the same 2 loops meeting at a barrier
 # after every backward (bench/lockstep.h), as data-parallel ranks must, moving no data.
 #
-# Usage: bench/compare_mnist.sh [-n STEPS] [-w WARMUP] [-R REPEATS] [-t TIMEOUT_S]
+# Usage: bench/compare_mnist.sh [-n STEPS] [-w WARMUP] [-R REPEATS] [-t TIMEOUT_S] [-B BIN]
 #   -n  timed optimizer steps per run                        (default 200)
 #   -w  warm-up steps before them                            (default 5)
 #   -R  runs of the whole set, round robin over the configs;
 #       each config keeps its best samples/s                 (default 2)
 #   -t  deadline of each run, seconds                        (default 600)
+#   -B  another build's bin/ (its chorusrun and chorus-mnist), for before/after:
+#       adds config before2, that build on 2 ranks, run right after chorus2 in
+#       every round (the order of the two flips each round), and chorus2/before2
 # Every config runs -w + -n steps of global batch 512, one intra-op thread per rank (and
 # one OpenBLAS thread: all four compute on the same libtorch and BLAS) and one data loader worker per rank (chorus-mnist's --workers 1, the seed's num_workers=1,
 # a thread in libtorch, a process in PyTorch). Every program times only the -n steps
@@ -23,21 +26,22 @@ set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly PY=/usr/bin/python3   # Debian's python, the one with python3-torch
-readonly CONFIGS=(chorus2 pytorch2 chorus1 plain1 plain2 sync2)
+CONFIGS=(chorus2 pytorch2 chorus1 plain1 plain2 sync2)
 # shellcheck source=bench/processes.sh
 source "$ROOT/bench/processes.sh"
 
-steps=200 warmup=5 repeats=2 timeout_s=600
+steps=200 warmup=5 repeats=2 timeout_s=600 before_bin=""
 
 die() { echo "compare_mnist: $*" >&2; exit 1; }
 
-usage() { sed -n '7,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
+usage() { sed -n '10,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
 
 parse_args() {
   local opt
-  while getopts "n:w:R:t:h" opt; do
+  while getopts "n:w:R:t:B:h" opt; do
     case $opt in
       n) steps=$OPTARG ;; w) warmup=$OPTARG ;; R) repeats=$OPTARG ;; t) timeout_s=$OPTARG ;;
+      B) before_bin=$OPTARG ;;
       h) usage 0 ;; *) usage 2 ;;
     esac
   done
@@ -47,6 +51,13 @@ parse_args() {
   done
   ((steps >= 1 && repeats >= 1 && timeout_s >= 1)) ||
     { echo "compare_mnist: -n, -R and -t must be >= 1" >&2; exit 2; }
+  if [[ -n $before_bin ]]; then
+    local p
+    for p in chorusrun chorus-mnist; do
+      [[ -x $before_bin/$p ]] || { echo "compare_mnist: -B: no executable $p in '$before_bin'" >&2; exit 2; }
+    done
+    CONFIGS=(chorus2 before2 pytorch2 chorus1 plain1 plain2 sync2)
+  fi
 }
 
 # Installs the Debian packages that are missing (none when all are present), with the
@@ -100,11 +111,11 @@ keep_json() {
   grep -m1 '^{' "$2" >>"$WORK/$1.out" || fail_run "$1" "printed no JSON line" "$2"
 }
 
-# run_chorus CONFIG RANKS
+# run_chorus CONFIG RANKS [BIN]: BIN/chorusrun and BIN/chorus-mnist (this build's by default)
 run_chorus() {
-  local log=$WORK/$1.log rc=0
-  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$ROOT/build/bin/chorusrun" --standalone \
-    --local-addr 127.0.0.1 --nproc-per-node "$2" "$ROOT/build/bin/chorus-mnist" \
+  local log=$WORK/$1.log rc=0 bin=${3:-$ROOT/build/bin}
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 10 "$timeout_s" "$bin/chorusrun" --standalone \
+    --local-addr 127.0.0.1 --nproc-per-node "$2" "$bin/chorus-mnist" \
     --max-steps $((warmup + steps)) --warmup-steps "$warmup" --threads 1 --workers 1 \
     >"$log" 2>&1 || rc=$?
   ((rc == 0)) || fail_run "$1" "$rc" "$log"
@@ -165,12 +176,16 @@ run_pytorch() {
 }
 
 run_all() {
-  local run config
+  local run config order
   for ((run = 1; run <= repeats; run++)); do
-    for config in "${CONFIGS[@]}"; do
+    order=("${CONFIGS[@]}")
+    # Before/after: the two builds swap places every other round.
+    if [[ -n $before_bin ]] && ((run % 2 == 0)); then order[0]=before2 order[1]=chorus2; fi
+    for config in "${order[@]}"; do
       echo "compare_mnist: running $config ($run/$repeats)" >&2
       case $config in
         chorus2) run_chorus chorus2 2 ;; chorus1) run_chorus chorus1 1 ;;
+        before2) run_chorus before2 2 "$before_bin" ;;
         pytorch2) run_pytorch ;; plain1) run_plain ;; plain2 | sync2) run_plain_pair "$config" ;;
       esac
     done
@@ -178,12 +193,14 @@ run_all() {
 }
 
 print_table() {
-  $PY - "$WORK" "$steps" "$warmup" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+  $PY - "$WORK" "$steps" "$warmup" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$before_bin" <<'EOF'
 import json, sys
-work, steps, warmup, load_before, load_after = sys.argv[1:]
+work, steps, warmup, load_before, load_after, before_bin = sys.argv[1:]
 names = {"chorus2": "chorus, 2 ranks", "chorus1": "chorus, 1 rank",
          "pytorch2": "PyTorch DDP gloo, 2 ranks", "plain1": "plain libtorch, 1 process",
          "plain2": "2 plain processes, 256 each", "sync2": "the same, a barrier a step"}
+if before_bin:
+    names["before2"] = "before (-B), 2 ranks"
 lines = {c: [json.loads(l) for l in open(f"{work}/{c}.out")] for c in names}
 runs = {c: [j["samples_per_second"] for j in v] for c, v in lines.items()}
 blas = {c: sorted({j.get("blas") or "not OpenBLAS" for j in v}) for c, v in lines.items()}
@@ -213,6 +230,14 @@ print("against the synchronous ceiling: the same 2 processes, meeting once a ste
 for a, b, what in (("sync2", "plain2", "the most any synchronous 2-rank run can be here"),
                    ("chorus2", "sync2", "chorus's cost beyond waiting for the slower rank")):
     print(f"{a + '/' + b:<28}{best[a] / best[b]:>11.2f}  {what}")
+if before_bin:
+    # The spread of a build: its worst run over its best, minus 1. A difference is
+    # within the noise when |chorus2/before2 - 1| is below the larger spread.
+    spread = {c: max(runs[c]) / min(runs[c]) - 1 for c in ("chorus2", "before2")}
+    print()
+    print(f"before/after: this build against {before_bin}, alternating")
+    print(f"{'chorus2/before2':<28}{best['chorus2'] / best['before2']:>11.3f}  "
+          f"spread: this build {spread['chorus2']:.3f}, before {spread['before2']:.3f}")
 EOF
 }
 
