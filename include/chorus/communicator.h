@@ -111,9 +111,10 @@ enum class Algorithm : uint8_t {
   kShmDirect,           // ranks of one node through shared memory, each reducing a slice
   kHierarchical,        // intra-node reduce-scatter, inter-node allreduce, intra-node allgather
   kBinomialTree,        // broadcast and reduce along a binomial tree (latency-optimal)
+  kBruck,               // allgather in ceil(log2 N) rounds of doubling blocks (latency-optimal)
 };
 // The algorithm's name as CHORUS_ALGO spells it ("auto", "ring", "rd", "hd", "shm",
-// "hier", "tree"); "?" for a value the enum does not name.
+// "hier", "tree", "bruck"); "?" for a value the enum does not name.
 const char* algorithm_name(Algorithm algorithm);
 // The algorithm a CHORUS_ALGO name (or its long form: "recursive_doubling",
 // "halving_doubling", "direct", "hierarchical", "binomial_tree") names; nullopt for any

@@ -26,6 +26,10 @@ void reduce_scatter_ring(const Context& ctx, const void* in, void* out, size_t c
 // rank r. `in` may be out's own block.
 void allgatherv_ring(const Context& ctx, const void* in, void* out,
                      std::span<const size_t> counts, std::span<const size_t> displs);
+// ---- allgather (Bruck): out's block r (count elements) = in of rank r, in
+// ceil(log2 size) rounds of doubling runs of blocks (scratch area 0: size * count
+// elements) and a rotation. `in` may be out's own block.
+void allgather_bruck(const Context& ctx, const void* in, void* out, size_t count);
 
 // ---- broadcast: buf on every rank = buf of root.
 void broadcast_binomial(const Context& ctx, void* buf, size_t count, int root);

@@ -70,7 +70,7 @@ using C = Collective;
 
 // Rows of one collective stay together, in the order the choice tries them (plan.cc:
 // the cheapest of equal predictions is the first, the default over tcp the first row
-// that is neither shm nor hier).
+// that is neither shm nor hier where the choice is not by cost).
 const AlgorithmEntry kTable[] = {
     // ---- allreduce: chosen by cost (cheapest())
     {C::kAllreduce, A::kRecursiveDoubling, cost::allreduce_rd,
@@ -120,7 +120,7 @@ const AlgorithmEntry kTable[] = {
     {C::kReduce, A::kRing, nullptr,
      [](const Context& c, const Call& k) { alg::reduce_ring(c, k.send, k.recv, k.count, k.root); }},
 
-    // ---- allgather
+    // ---- allgather: over tcp chosen by cost (ring, bruck, hierarchical)
     {C::kAllgather, A::kShmDirect, cost::allgather_shm,
      [](const Context& c, const Call& k) {
        alg::shm_allgather_blocks(c, *c.node, k.send, k.recv, k.count * static_cast<size_t>(c.size));
@@ -133,6 +133,8 @@ const AlgorithmEntry kTable[] = {
        uniform_blocks(c, k.count, counts, displs);
        alg::allgatherv_ring(c, k.send, k.recv, counts, displs);
      }},
+    {C::kAllgather, A::kBruck, cost::allgather_bruck,
+     [](const Context& c, const Call& k) { alg::allgather_bruck(c, k.send, k.recv, k.count); }},
     {C::kAllgather, A::kHierarchical, cost::allgather_hier,
      [](const Context& c, const Call& k) { alg::allgather_hierarchical(c, k.send, k.recv, k.count); }},
 
@@ -213,6 +215,7 @@ constexpr AlgorithmName kNames[] = {
     {A::kShmDirect, "shm", "direct"},
     {A::kHierarchical, "hier", "hierarchical"},
     {A::kBinomialTree, "tree", "binomial_tree"},
+    {A::kBruck, "bruck", "bruck"},
 };
 
 }  // namespace

@@ -127,6 +127,16 @@ double tcp_allgather(int ranks, double n, const CostParams& p) {
   return (ranks - 1) * l.alpha_us + static_cast<double>(ranks - 1) / ranks * n * l.us_per_byte;
 }
 
+// Bruck over tcp: ceil(log2 N) rounds of one message each, carrying (N - 1) / N of the
+// result in all, plus the copies through the working buffer (the own block in, the
+// whole result out in the final rotation: about n).
+double bruck_allgather(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  return std::ceil(std::log2(ranks)) * l.alpha_us + static_cast<double>(ranks - 1) / ranks * n * l.us_per_byte +
+         shm_copy_us(p, n);
+}
+
 // The thresholds of the tuning table that CHORUS_COST_MODEL sets by name, each with
 // the least value it takes.
 struct TuningKey {
@@ -295,6 +305,7 @@ double broadcast_hier(double n, const Shape& s, const CostParams& p) {
 }
 
 double allgather_ring(double n, const Shape& s, const CostParams& p) { return tcp_allgather(s.size, n, p); }
+double allgather_bruck(double n, const Shape& s, const CostParams& p) { return bruck_allgather(s.size, n, p); }
 double allgather_shm(double n, const Shape& s, const CostParams& p) {
   return one_node_shm(s) ? shm_allgather(n, s, p) : kNever;
 }

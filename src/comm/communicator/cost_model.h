@@ -80,6 +80,7 @@ double broadcast_chain(double n, const Shape& s, const CostParams& p);
 double broadcast_shm(double n, const Shape& s, const CostParams& p);
 double broadcast_hier(double n, const Shape& s, const CostParams& p);
 double allgather_ring(double n, const Shape& s, const CostParams& p);
+double allgather_bruck(double n, const Shape& s, const CostParams& p);
 double allgather_shm(double n, const Shape& s, const CostParams& p);
 double allgather_hier(double n, const Shape& s, const CostParams& p);
 }  // namespace cost

@@ -114,16 +114,21 @@ Algorithm CommunicatorImpl::algorithm_for(Collective c, size_t bytes) const {
   if (!tcp_only && find_entry(c, Algorithm::kShmDirect) != nullptr && runnable(c, Algorithm::kShmDirect)) {
     return Algorithm::kShmDirect;
   }
-  // Across nodes: hierarchical where the model predicts it faster than every flat
-  // algorithm with a formula.
-  if (forced == Algorithm::kAuto && find_entry(c, Algorithm::kHierarchical) != nullptr && hierarchical_possible()) {
+  // Allgather over tcp: by cost among its rows with formulas, as allreduce (the ring's
+  // N - 1 latencies against Bruck's ceil(log2 N) and its copy, and hierarchical).
+  // The others: hierarchical across nodes where the model predicts it faster than every
+  // flat row with a formula. Hierarchical is a candidate where the shape runs it and
+  // nothing is forced.
+  const bool by_cost = c == Collective::kAllgather;
+  const bool hier = forced == Algorithm::kAuto && hierarchical_possible();
+  if (by_cost || (hier && find_entry(c, Algorithm::kHierarchical) != nullptr)) {
     std::vector<Algorithm> candidates;
     for (const AlgorithmEntry& e : algorithm_table()) {
-      if (e.collective == c && e.cost != nullptr && e.algorithm != Algorithm::kShmDirect) {
-        candidates.push_back(e.algorithm);
-      }
+      const bool runs = over_tcp(e.algorithm) || (hier && e.algorithm == Algorithm::kHierarchical);
+      if (e.collective == c && e.cost != nullptr && runs) candidates.push_back(e.algorithm);
     }
-    if (cheapest(c, bytes, shape_, cost_, candidates) == Algorithm::kHierarchical) return Algorithm::kHierarchical;
+    const Algorithm best = cheapest(c, bytes, shape_, cost_, candidates);
+    if (by_cost || best == Algorithm::kHierarchical) return best;
   }
   // Broadcast and reduce over tcp: the binomial tree while latency dominates, the
   // pipelined chain beyond (Tuning::tree_limit_bytes, measured with chorus-bench, 2-8

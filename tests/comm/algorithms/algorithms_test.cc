@@ -441,7 +441,11 @@ std::vector<Layout> layouts(int size) {
   return out;
 }
 
-void allgather_cases(RankContext& rc, const std::string& shape) {
+using AllgatherFn = void (*)(const alg::Context&, const void*, void*, size_t);
+
+// Allgather of equal blocks (hierarchical below, and Bruck's): out's block r = rank r's
+// in, the sentinel after the result, in place and out of place.
+void allgather_cases(RankContext& rc, const char* name, AllgatherFn fn, const std::string& shape = "") {
   const int rank = rc.rank(), size = rc.size();
   sweep_moves([&](DataType d, size_t n) {
     const size_t elem = dtype_size(d), total = n * size;
@@ -449,13 +453,15 @@ void allgather_cases(RankContext& rc, const std::string& shape) {
       Bytes in(n * elem), out(total * elem + elem, kSentinelByte);
       uint8_t* own = out.data() + static_cast<size_t>(rank) * n * elem;
       fill_move(d, rank, in_place ? own : in.data(), 0, n);
-      alg::allgather_hierarchical(rc.begin("allgather", d, false, ReduceOp::kSum, n),
-                                  in_place ? own : in.data(), out.data(), n);
-      std::string at = where("allgather_hierarchical", rc, d, "-", n, 0, in_place, shape);
+      fn(rc.begin("allgather", d, false, ReduceOp::kSum, n), in_place ? own : in.data(), out.data(), n);
+      std::string at = where(name, rc, d, "-", n, 0, in_place, shape);
       for (int r = 0; r < size; ++r) {
-        EXPECT_EQ(check_move(d, r, out.data() + r * n * elem, 0, n), "") << at;
+        EXPECT_EQ(check_move(d, r, out.data() + r * n * elem, 0, n), "") << at << ", block " << r;
       }
       EXPECT_EQ(check_sentinel(out.data() + total * elem, elem), "") << at;
+      if (!in_place) {
+        EXPECT_EQ(check_move(d, rank, in.data(), 0, n), "") << at;
+      }
     }
   });
 }
@@ -473,10 +479,17 @@ TEST_P(AlgorithmsTest, Hierarchical) {
         [&](RankContext& rc) {
           allreduce_cases(rc, "allreduce_hierarchical", planned_allreduce_hierarchical, false, layout.name);
           broadcast_cases(rc, "broadcast_hierarchical", planned_broadcast_hierarchical, false, layout.name);
-          allgather_cases(rc, layout.name);
+          allgather_cases(rc, "allgather_hierarchical", alg::allgather_hierarchical, layout.name);
         },
         layout.node_ids);
   }
+}
+
+// ---- allgather (Bruck): ceil(log2 size) rounds, sizes that are not powers of two
+// included, and the final rotation.
+
+TEST_P(AlgorithmsTest, AllgatherBruck) {
+  on_ranks(GetParam(), [](RankContext& rc) { allgather_cases(rc, "allgather_bruck", alg::allgather_bruck); });
 }
 
 // Every inner choice the plan can make, whatever the size: each allreduce between nodes

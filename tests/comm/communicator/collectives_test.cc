@@ -59,8 +59,9 @@ bool quick_sweep() {
 // Not divisible by any world size > 1; still several shared-memory chunks when quick.
 const size_t kBig = quick_sweep() ? (size_t{1} << 18) + 3 : (size_t{1} << 20) + 3;
 constexpr size_t kSmallCounts[] = {0, 1, 7, 1000};
-constexpr Algorithm kAlgorithms[] = {Algorithm::kAuto, Algorithm::kRing,
-                                     Algorithm::kRecursiveDoubling, Algorithm::kHalvingDoubling};
+// Forced bruck runs the allgather (its one collective); the others keep their choice over tcp.
+constexpr Algorithm kAlgorithms[] = {Algorithm::kAuto, Algorithm::kRing, Algorithm::kRecursiveDoubling,
+                                     Algorithm::kHalvingDoubling, Algorithm::kBruck};
 constexpr DataType kBigSubset[] = {DataType::kFloat32, DataType::kBFloat16, DataType::kInt8};
 // Cases after which a test stops (a systematic bug would otherwise print thousands).
 constexpr int kMaxFailedCases = 10;

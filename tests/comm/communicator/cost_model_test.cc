@@ -97,6 +97,29 @@ TEST(CostModel, SetsTheThresholdsOfTheTuningTableByName) {
             Algorithm::kRing);  // chain
 }
 
+// Allgather over tcp (issue 42): Bruck's ceil(log2 N) latencies for small results, the
+// ring (no copy through a working buffer) for large ones and between two ranks, where
+// the two send the same message, and three (two rounds either way).
+TEST(CostModel, AllgatherTakesBruckWhenSmallAndTheRingWhenLarge) {
+  CostParams p;
+  const Algorithm flat[] = {Algorithm::kRing, Algorithm::kBruck};
+  for (int size : {4, 5, 8, 1024}) {
+    Shape s;
+    s.size = size;
+    EXPECT_EQ(cheapest(Collective::kAllgather, 8 * size, s, p, flat), Algorithm::kBruck) << size;
+    EXPECT_EQ(cheapest(Collective::kAllgather, 256 << 20, s, p, flat), Algorithm::kRing) << size;
+  }
+  for (int size : {2, 3}) {
+    Shape s;
+    s.size = size;
+    EXPECT_EQ(cheapest(Collective::kAllgather, 8 * size, s, p, flat), Algorithm::kRing) << size;
+  }
+  Shape big;
+  big.size = 1024;
+  EXPECT_NEAR(predicted_us(Collective::kAllgather, Algorithm::kBruck, 8, big, p), 10 * p.tcp_alpha_us, 1.0);
+  EXPECT_GT(predicted_us(Collective::kAllgather, Algorithm::kRing, 8, big, p), 1023 * p.tcp_alpha_us);
+}
+
 TEST(CostModel, LatencyAlgorithmsForSmallBandwidthAlgorithmsForLarge) {
   CostParams p;
   for (int size : {2, 3, 4, 8}) {

@@ -159,15 +159,15 @@ void alltoallv_case(RankEnv& env, DataType d, size_t n) {
   }
 }
 
-void allgather_hierarchical_case(RankEnv& env, DataType d, size_t n) {
+using AllgatherFn = void (*)(const alg::Context&, const void*, void*, size_t);
+
+void allgather_case(RankEnv& env, const char* name, AllgatherFn fn, DataType d, size_t n) {
   const size_t elem = dtype_size(d);
   Bytes in(n * elem), out(n * env.size() * elem);
   fill_move(d, env.rank(), in.data(), 0, n);
-  alg::allgather_hierarchical(env.begin("allgather", d, false, ReduceOp::kSum, n), in.data(),
-                              out.data(), n);
+  fn(env.begin("allgather", d, false, ReduceOp::kSum, n), in.data(), out.data(), n);
   for (int r = 0; r < env.size(); ++r) {
-    EXPECT_EQ(check_move(d, r, out.data() + r * n * elem, 0, n), "")
-        << at("allgather_hierarchical", env, d, n) << ", block " << r;
+    EXPECT_EQ(check_move(d, r, out.data() + r * n * elem, 0, n), "") << at(name, env, d, n) << ", block " << r;
   }
 }
 
@@ -176,7 +176,7 @@ void allgather_hierarchical_case(RankEnv& env, DataType d, size_t n) {
 void hierarchical_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n, size_t gathered) {
   allreduce_case(env, "allreduce_hierarchical", communicator::planned_allreduce_hierarchical, d, op, n);
   broadcast_case(env, "broadcast_hierarchical", communicator::planned_broadcast_hierarchical, d, n, env.size() - 1);
-  allgather_hierarchical_case(env, d, gathered);
+  allgather_case(env, "allgather_hierarchical", alg::allgather_hierarchical, d, gathered);
 }
 
 // Every flat algorithm at count n, in one simulated run: reductions in `d` with `op`,
@@ -187,6 +187,7 @@ void all_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n) {
   allreduce_case(env, "allreduce_halving_doubling", alg::allreduce_halving_doubling, d, op, n);
   reduce_scatter_case(env, d, op, n);
   allgatherv_case(env, d, n);
+  allgather_case(env, "allgather_bruck", alg::allgather_bruck, d, n);
   for (int root : {0, env.size() - 1}) {
     broadcast_case(env, "broadcast_binomial", alg::broadcast_binomial, d, n, root);
     broadcast_case(env, "broadcast_chain", alg::broadcast_chain, d, n, root);
@@ -240,6 +241,8 @@ TEST(Sim1024, ReduceScatterAllgatherv) {
   Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
     reduce_scatter_case(env, DataType::kInt32, ReduceOp::kSum, 3);
     allgatherv_case(env, DataType::kFloat32, 3);
+    allgather_case(env, "allgather_bruck", alg::allgather_bruck, DataType::kFloat32, 3);
+    allgather_case(env, "allgather_bruck", alg::allgather_bruck, DataType::kInt64, 1);
   });
 }
 
@@ -453,6 +456,30 @@ TEST(Sim1024, RecursiveDoublingScalesWithLog2) {
     });
     const double formula = std::log2(N) * (alpha + 8 / beta);
     EXPECT_NEAR(r.time, formula, 0.01 * formula) << N << " ranks";
+  }
+}
+
+// An allgather of 8 bytes per rank on 1,024 ranks (and 1,000: not a power of two), one
+// per node: Bruck takes ceil(log2 N) rounds of one latency each (its messages grow to
+// half the result: 4 KiB at the last round), the ring N - 1 (issue 42).
+TEST(Sim1024, BruckAllgatherScalesWithLog2) {
+  const double alpha = 5e-6, beta = 10e9;
+  for (int N : {1000, 1024}) {
+    auto time = [&](AllgatherFn fn) {
+      return Simulator().run(N, 1, flat_model(alpha, beta), [fn](RankEnv& env) {
+        allgather_case(env, "allgather", fn, DataType::kFloat64, 1);
+      }).time;
+    };
+    const double bruck = time(alg::allgather_bruck);
+    const double ring = time([](const alg::Context& c, const void* in, void* out, size_t count) {
+      std::vector<size_t> counts(c.size, count), displs(c.size);
+      for (int r = 0; r < c.size; ++r) displs[r] = static_cast<size_t>(r) * count;
+      alg::allgatherv_ring(c, in, out, counts, displs);
+    });
+    const double rounds = std::ceil(std::log2(N));  // 10
+    EXPECT_NEAR(bruck, rounds * alpha + (N - 1) * 8 / beta, 0.01 * rounds * alpha) << N << " ranks";
+    EXPECT_NEAR(ring, (N - 1) * (alpha + 8 / beta), 0.01 * (N - 1) * alpha) << N << " ranks";
+    EXPECT_LT(bruck * 50, ring) << N << " ranks";
   }
 }
 
