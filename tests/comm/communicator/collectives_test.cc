@@ -33,6 +33,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -103,6 +104,13 @@ struct RankResult {
 
 using CaseFn = std::function<void(Communicator&, const Case&, RankResult&)>;
 
+// Whether the sweep runs `collective` with `algorithm` forced. Bruck is allgather's
+// only: forced on another collective it leaves the choice automatic over tcp, which the
+// groups of ring, rd and hd already run.
+bool swept(std::string_view collective, Algorithm algorithm) {
+  return algorithm != Algorithm::kBruck || collective == "allgather";
+}
+
 std::vector<int> roots_for(int size) {
   return size == 1 ? std::vector<int>{0} : std::vector<int>{0, size - 1};
 }
@@ -145,6 +153,7 @@ std::vector<Case> make_cases(const char* collective, int size, bool reducing, bo
     }
   };
   for (Algorithm algorithm : kAlgorithms) {
+    if (!swept(collective, algorithm)) continue;
     for (size_t count : kSmallCounts) {
       for (DataType dtype : kAllDataTypes) add(algorithm, dtype, count);
     }
@@ -559,7 +568,7 @@ TEST_P(CollectivesTest, Allreduce) {
                                        /*in_place=*/true, /*algorithm_specific=*/false,
                                        all_dtypes());
   for (Algorithm algorithm : kAlgorithms) {
-    if (algorithm == Algorithm::kAuto) continue;
+    if (algorithm == Algorithm::kAuto || !swept("allreduce", algorithm)) continue;
     for (auto [dtype, op] : {std::pair{DataType::kFloat32, ReduceOp::kSum},
                              std::pair{DataType::kBFloat16, ReduceOp::kAvg},
                              std::pair{DataType::kInt8, ReduceOp::kMax}}) {
@@ -635,6 +644,7 @@ TEST_P(CollectivesTest, Barrier) {
   const int size = GetParam();
   constexpr int kRounds = 20;
   for (Algorithm algorithm : kAlgorithms) {
+    if (!swept("barrier", algorithm)) continue;
     test::RankGroup group(size, sweep_options(algorithm, size));
     std::vector<std::atomic<int>> arrived(kRounds);
     group.run([&](Communicator& c) {
@@ -660,6 +670,7 @@ TEST_P(CollectivesTest, SendRecv) {
   if (size == 1) GTEST_SKIP() << "no peer to send to";
   std::vector<Case> cases;
   for (Algorithm algorithm : kAlgorithms) {
+    if (!swept("send/recv", algorithm)) continue;
     for (size_t count : kSmallCounts) {
       for (DataType dtype : kAllDataTypes) {
         Case k;
