@@ -69,6 +69,15 @@ Algorithm allreduce(AllreduceFn fn) {
           }};
 }
 
+// Equal blocks, each rank's already at its place in the output (in place).
+Algorithm allgather(AllreduceFn fn) {
+  return {"allgather", 1, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> out = block(c.count * env.size());
+            fn(env.begin("allgather", kType, false, ReduceOp::kSum, c.count), out.data() + env.rank() * c.count,
+               out.data(), c.count);
+          }};
+}
+
 Algorithm broadcast(BroadcastFn fn) {
   return {"broadcast", 0, [fn](RankEnv& env, const Case& c) {
             std::vector<float> buf = block(c.count);
@@ -104,11 +113,8 @@ const std::map<std::string, Algorithm>& algorithms_table() {
                                         transport::counts_digest(counts.data(), n), -1, c.segment),
                               out.data() + env.rank() * c.count, out.data(), counts, displs);
        }}},
-      {"allgather:hierarchical", {"allgather", 1, [](RankEnv& env, const Case& c) {
-         std::vector<float> out = block(c.count * env.size());
-         alg::allgather_hierarchical(env.begin("allgather", kType, false, ReduceOp::kSum, c.count),
-                                     out.data() + env.rank() * c.count, out.data(), c.count);
-       }}},
+      {"allgather:hierarchical", allgather(alg::allgather_hierarchical)},
+      {"allgather:bruck", allgather(alg::allgather_bruck)},
       {"broadcast:binomial", broadcast(alg::broadcast_binomial)},
       {"broadcast:hierarchical", broadcast(communicator::planned_broadcast_hierarchical)},
       {"broadcast:chain", broadcast(alg::broadcast_chain)},
@@ -154,7 +160,7 @@ Args parse(int argc, char** argv) {
   app.add_option("-o,--collective", o.collective, "allreduce, reduce_scatter, allgather, broadcast, "
                  "reduce, gather, scatter, alltoall, barrier");
   app.add_option("-a,--algorithm", o.algorithm, "ring, recursive_doubling, halving_doubling, binomial, "
-                 "chain, direct, pairwise, dissemination, hierarchical (which exist for the collective)");
+                 "chain, bruck, direct, pairwise, dissemination, hierarchical (which exist for the collective)");
   app.add_option("-n,--ranks", o.ranks, "simulated ranks")->check(CLI::Range(1, 1 << 16));
   app.add_option("--ranks-per-node", o.ranks_per_node, "consecutive ranks per node")->check(CLI::Range(1, 1 << 16));
   app.add_option("-b,--bytes", o.bytes, "size as nccl-tests counts it (K/M/G suffixes)")
