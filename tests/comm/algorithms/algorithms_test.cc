@@ -495,19 +495,18 @@ TEST_P(AlgorithmsTest, AllgatherBruck) {
 // Every inner choice the plan can make, whatever the size: each allreduce between nodes
 // and each broadcast, whole and pipelined, on the layouts of several nodes.
 TEST_P(AlgorithmsTest, HierarchicalEveryInnerChoice) {
-  using AllreduceBody = void (*)(const alg::Context&, const void*, void*, size_t);
-  using BroadcastBody = void (*)(const alg::Context&, void*, size_t, int);
-  const std::pair<const char*, AllreduceBody> crosses[] = {{"rd", alg::allreduce_recursive_doubling},
-                                                           {"hd", alg::allreduce_halving_doubling},
-                                                           {"ring", alg::allreduce_ring}};
-  const std::pair<const char*, BroadcastBody> broadcasts[] = {{"binomial", alg::broadcast_binomial},
-                                                              {"chain", alg::broadcast_chain}};
+  const std::pair<const char*, AllreduceFn> crosses[] = {{"rd", alg::allreduce_recursive_doubling},
+                                                         {"hd", alg::allreduce_halving_doubling},
+                                                         {"ring", alg::allreduce_ring}};
+  const std::pair<const char*, BroadcastFn> broadcasts[] = {{"binomial", alg::broadcast_binomial},
+                                                            {"chain", alg::broadcast_chain}};
   const int size = GetParam();
   for (const Layout& layout : layouts(size)) {
     on_ranks(
         size,
         [&](RankContext& rc) {
           const DataType d = DataType::kFloat32;
+          const size_t elem = dtype_size(d);
           ReduceExpectation expect(d, ReduceOp::kSum, size);
           for (auto [cross_name, cross] : crosses) {
             for (auto [broadcast_name, broadcast] : broadcasts) {
@@ -516,22 +515,22 @@ TEST_P(AlgorithmsTest, HierarchicalEveryInnerChoice) {
                 const std::string shape = layout.name + ", " + cross_name + ", " + broadcast_name +
                                           ", chunks of " + std::to_string(chunk_count);
                 for (size_t n : {size_t{1}, size_t{7}, size_t{1000}}) {
-                  Bytes in(n * 4), out(n * 4 + 4, kSentinelByte);
+                  Bytes in(n * elem), out(n * elem + elem, kSentinelByte);
                   fill_reduce_input(d, ReduceOp::kSum, rc.rank(), in.data(), 0, n);
                   alg::allreduce_hierarchical(rc.begin("allreduce", d, true, ReduceOp::kSum, n), how,
                                               in.data(), out.data(), n);
                   std::string at = where("allreduce_hierarchical", rc, d, "sum", n, 0, false, shape);
                   EXPECT_EQ(expect.check(out.data(), 0, n), "") << at;
-                  EXPECT_EQ(check_sentinel(out.data() + n * 4, 4), "") << at;
+                  EXPECT_EQ(check_sentinel(out.data() + n * elem, elem), "") << at;
                   const int root = static_cast<int>(n % static_cast<size_t>(size));
-                  Bytes buf(n * 4 + 4, kSentinelByte);
+                  Bytes buf(n * elem + elem, kSentinelByte);
                   if (rc.rank() == root) fill_move(d, root, buf.data(), 0, n);
                   alg::broadcast_hierarchical(rc.begin("broadcast", d, false, ReduceOp::kSum, n, root), how,
                                               buf.data(), n, root);
                   at = where("broadcast_hierarchical", rc, d, "-", n, 0, false, shape) + ", root " +
                        std::to_string(root);
                   EXPECT_EQ(check_move(d, root, buf.data(), 0, n), "") << at;
-                  EXPECT_EQ(check_sentinel(buf.data() + n * 4, 4), "") << at;
+                  EXPECT_EQ(check_sentinel(buf.data() + n * elem, elem), "") << at;
                 }
               }
             }
