@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "comm/transport/transport.h"
+#include "comm/transport/call_header.h"
 
 namespace chorus::sim {
 
@@ -29,15 +29,9 @@ const Topology& RankEnv::topology() {
 
 algorithms::Context RankEnv::begin(const char* name, DataType dtype, bool reduces, ReduceOp op,
                                    uint64_t count, int root, size_t segment_bytes) {
-  transport::OpInfo info;
-  info.name = name;
-  info.code = transport::wire_code(parse_collective(name).value());
-  info.seq = ++seq_;
-  info.sig.count = count;
-  info.sig.root = root;
-  info.sig.dtype = static_cast<uint8_t>(dtype);
-  if (reduces) info.sig.reduce = static_cast<uint8_t>(op);
-  t_.begin(info);
+  // No deadline: the engine bounds every wait itself (Options, engine.h).
+  t_.begin(transport::collective_op(name, ++seq_, dtype, reduces, op, count, root,
+                                    Deadline(std::chrono::milliseconds(0))));
   ReduceFn fn = reduces ? reduce_function(dtype, op) : nullptr;
   ReduceManyFn many = reduces ? reduce_many_function(dtype, op) : nullptr;
   const bool charged = reduces && e_.model().reduce_rate > 0;

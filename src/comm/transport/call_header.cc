@@ -22,4 +22,19 @@ std::string call_mismatch(const CallHeader& got, size_t got_len, const CallHeade
   return m.str();
 }
 
+OpInfo collective_op(const char* name, uint64_t seq, DataType dtype, bool reduces, ReduceOp op,
+                     uint64_t count, int root, Deadline deadline) {
+  OpInfo info;
+  info.name = name;
+  info.code = wire_code(parse_collective(name).value());
+  info.seq = seq;
+  info.kind = FrameKind::kCollective;
+  info.deadline = deadline;
+  info.sig.count = count;
+  info.sig.root = root;
+  info.sig.dtype = static_cast<uint8_t>(dtype);
+  if (reduces) info.sig.reduce = static_cast<uint8_t>(op);
+  return info;
+}
+
 }  // namespace chorus::transport

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "comm/reduce/reduce.h"
-#include "comm/transport/transport.h"
+#include "comm/transport/call_header.h"
 #include "util/ranks.h"
 
 namespace chorus::test {
@@ -32,17 +32,8 @@ RankContext::RankContext(transport::Transport& t) : RankContext(t, one_node(t.ra
 algorithms::Context RankContext::begin(const char* name, DataType dtype, bool reduces,
                                        ReduceOp op, uint64_t count, int root,
                                        size_t segment_bytes) {
-  transport::OpInfo info;
-  info.name = name;
-  info.code = transport::wire_code(parse_collective(name).value());
-  info.seq = ++seq_;
-  info.kind = transport::FrameKind::kCollective;
-  info.deadline = Deadline(kOperationTimeout);
-  info.sig.count = count;
-  info.sig.root = root;
-  info.sig.dtype = static_cast<uint8_t>(dtype);
-  if (reduces) info.sig.reduce = static_cast<uint8_t>(op);
-  t_.begin(info);
+  t_.begin(transport::collective_op(name, ++seq_, dtype, reduces, op, count, root,
+                                    Deadline(kOperationTimeout)));
   algorithms::Context ctx{t_,
                           t_.rank(),
                           t_.size(),
