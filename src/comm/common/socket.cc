@@ -157,12 +157,13 @@ int try_connect(const SockAddr& a, const Deadline& deadline, Fd* out) {
   *out = std::move(fd);
   return 0;
 }
-}  // namespace
 
-Fd connect_to(const std::string& host, uint16_t port, const Deadline& deadline,
-              const std::string& what) {
+// connect_to and connect_to_listener: `refusals` < 0 retries refusals until the deadline.
+Fd connect_retrying(const std::string& host, uint16_t port, const Deadline& deadline,
+                    const std::string& what, int refusals) {
   int last_err = 0;
   int backoff_ms = 10;
+  int refused = 0;
   while (true) {
     std::vector<SockAddr> addrs;
     try {
@@ -174,7 +175,15 @@ Fd connect_to(const std::string& host, uint16_t port, const Deadline& deadline,
       Fd fd;
       last_err = try_connect(a, deadline, &fd);
       if (last_err == 0) return fd;
+      if (refusals >= 0 && (last_err == EMFILE || last_err == ENFILE)) {
+        throw SystemError(what + ": cannot open a socket: " + std::strerror(last_err));
+      }
     }
+    if (refusals >= 0 && last_err == ECONNREFUSED && ++refused > refusals) {
+      throw PeerError(what + ": " + host + ":" + std::to_string(port) +
+                      " refused the connection: nothing listens there any more");
+    }
+    if (last_err != ECONNREFUSED) refused = 0;
     if (deadline.expired()) {
       throw TimeoutError(what + ": could not connect to " + host + ":" + std::to_string(port) +
                          " before the deadline" +
@@ -184,6 +193,17 @@ Fd connect_to(const std::string& host, uint16_t port, const Deadline& deadline,
     ::usleep(static_cast<useconds_t>(std::min(backoff_ms, deadline.remaining_ms())) * 1000);
     backoff_ms = std::min(backoff_ms * 2, 500);
   }
+}
+}  // namespace
+
+Fd connect_to(const std::string& host, uint16_t port, const Deadline& deadline,
+              const std::string& what) {
+  return connect_retrying(host, port, deadline, what, -1);
+}
+
+Fd connect_to_listener(const std::string& host, uint16_t port, const Deadline& deadline,
+                       const std::string& what, int refusals) {
+  return connect_retrying(host, port, deadline, what, refusals);
 }
 
 void read_full(int fd, void* buf, size_t len, const Deadline& deadline, const std::string& what) {

@@ -74,6 +74,13 @@ Fd accept_before(int listen_fd, const Deadline& deadline, SockAddr* peer);
 Fd connect_to(const std::string& host, uint16_t port, const Deadline& deadline,
               const std::string& what);
 
+// connect_to, for a peer known to listen already (it published its address after it
+// started listening): a refusal means nothing listens there any more, so after
+// `refusals` retries (10, 20, 40 ms apart) it throws PeerError saying so; running out
+// of file descriptors throws SystemError at once (EMFILE, ENFILE: "Too many open files").
+Fd connect_to_listener(const std::string& host, uint16_t port, const Deadline& deadline,
+                       const std::string& what, int refusals = 3);
+
 // Reads/writes exactly `len` bytes on a non-blocking socket, waiting with poll().
 // Throws TimeoutError (deadline), PeerError (peer closed / reset), both prefixed with
 // `what`.

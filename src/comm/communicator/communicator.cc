@@ -23,7 +23,6 @@ namespace chorus {
 namespace communicator {
 
 using store::KeyLedger;
-using transport::discover_topology;
 using transport::local_node_id;
 namespace {
 
@@ -61,10 +60,14 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
     tcp.allowlist = std::make_shared<const net::AllowList>(
         net::AllowList::load(options_.allowlist_file, options_.allowlist_source));
   }
+  tcp.node_id = local_node_id(options_.node_id);
   cost_ = parse_cost_params(options_.cost_model);
-  transport_ = transport::tcp::connect_mesh(scoped, rank_, size_, tcp);
+  // One exchange through the store gives every rank's address, host and node (the
+  // roster, transport/roster.h); no connection is opened until it is used.
+  std::vector<std::string> nodes;
+  transport_ = transport::tcp::connect_mesh(scoped, rank_, size_, tcp, &nodes);
   for (int r = 0; r < size_; ++r) hosts_.push_back(transport_->host_of(r));
-  topology_ = discover_topology(scoped, rank_, size_, local_node_id(options_.node_id));
+  topology_ = transport::topology_from_ids(nodes, rank_);
   connect_shared_memory(scoped);
   shape_.size = size_;
   shape_.nodes = topology_.nodes;

@@ -48,19 +48,5 @@ Topology topology_from_ids(const std::vector<std::string>& ids, int rank) {
   return t;
 }
 
-Topology discover_topology(Store& store, int rank, int size, const std::string& node_id) {
-  store.set("topology/" + std::to_string(rank), Bytes(node_id.begin(), node_id.end()));
-  std::vector<std::string> ids(size);
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) {
-      ids[r] = node_id;
-      continue;
-    }
-    Bytes b = store.get("topology/" + std::to_string(r));
-    ids[r].assign(b.begin(), b.end());
-  }
-  return topology_from_ids(ids, rank);
-}
-
 }  // namespace transport
 }  // namespace chorus

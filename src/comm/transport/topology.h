@@ -1,5 +1,5 @@
-// Which ranks of a communicator share a node: every rank publishes its node identity
-// in the communicator's store, and all ranks derive the same Topology from them.
+// Which ranks of a communicator share a node: every rank's node identity comes with its
+// address in the roster (roster.h), and all ranks derive the same Topology from them.
 #pragma once
 
 #include <string>
@@ -16,9 +16,5 @@ std::string local_node_id(const std::string& override_id);
 
 // Builds the topology from the node identity of every rank, in rank order.
 Topology topology_from_ids(const std::vector<std::string>& ids, int rank);
-
-// Publishes `node_id` under "topology/<rank>" in `store` (already scoped to the
-// communicator) and reads every rank's; waits up to the store's timeout.
-Topology discover_topology(Store& store, int rank, int size, const std::string& node_id);
 
 }  // namespace chorus::transport

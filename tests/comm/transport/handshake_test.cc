@@ -20,11 +20,13 @@
 #include "comm/common/allowlist.h"
 #include "comm/common/auth.h"
 #include "comm/common/socket.h"
+#include "comm/transport/roster.h"
 #include "comm/transport/tcp/handshake.h"
 #include "comm/transport/tcp/tcp_transport.h"
 #include "util/checks.h"
 #include "util/ranks.h"
 #include "util/security.h"
+#include "util/streams.h"
 
 namespace chorus {
 namespace {
@@ -269,11 +271,16 @@ tcp::TcpOptions mesh_options(const std::string& token, std::chrono::milliseconds
 
 // Rank 0's published address, once it has published it.
 std::pair<std::string, uint16_t> published_address(Store& store) {
-  std::string text = store.get_string("tcp/0");
-  std::string ip;
-  int port = 0;
-  std::istringstream(text) >> ip >> port;
-  return {ip, static_cast<uint16_t>(port)};
+  int size = 0;
+  transport::Member m = transport::decode_member(store.get(transport::member_key(0)), 0, &size);
+  return {m.ip, m.port};
+}
+
+// Both ranks exchange a message, which opens their streams (connections by use).
+void exchange_both(transport::Transport& t0, transport::Transport& t1) {
+  auto other = std::async(std::launch::async, [&] { test::exchange_with_every_peer(t1); });
+  test::exchange_with_every_peer(t0);
+  other.get();
 }
 
 TEST(SecurityMesh, BadConnectionsAreRefusedAndTheMeshStillForms) {
@@ -308,6 +315,7 @@ TEST(SecurityMesh, BadConnectionsAreRefusedAndTheMeshStillForms) {
   auto t1 = rank1.get();
   EXPECT_EQ(t0->size(), 2);
   EXPECT_EQ(t1->rank(), 1);
+  exchange_both(*t0, *t1);
   std::string wrong_text = wrong_message.get();
   EXPECT_TRUE(contains(wrong_text, "job token differs (CHORUS_JOB_TOKEN)")) << wrong_text;
   if (warnings_logged()) {
@@ -348,9 +356,10 @@ TEST(SecurityMesh, AllowListRefusesOtherAddressesOnDataConnections) {
   ASSERT_EQ(rank0.wait_for(60s), std::future_status::ready);
   ASSERT_EQ(rank1.wait_for(60s), std::future_status::ready);
   std::string message = outsider_message.get();
-  std::string log = testing::internal::GetCapturedStderr();
   auto t0 = rank0.get();
   auto t1 = rank1.get();
+  exchange_both(*t0, *t1);
+  std::string log = testing::internal::GetCapturedStderr();
   EXPECT_TRUE(contains(message, "address 127.0.0.2 is not in the allow-list data.allow"))
       << message;
   if (warnings_logged()) {
@@ -368,7 +377,8 @@ TEST(SecurityMesh, RankOutsideTheAllowListFailsClearlyWithoutHanging) {
       net::AllowList::parse("127.0.0.2\n", "other.allow"));
   const auto start = Clock::now();
   auto errors = test::run_threads(2, [&](int rank) {
-    tcp::connect_mesh(*store, rank, 2, options);
+    std::unique_ptr<transport::Transport> t = tcp::connect_mesh(*store, rank, 2, options);
+    test::exchange_with_every_peer(*t, 0, 3s);
   }, std::chrono::seconds(60));
   EXPECT_LT(Clock::now() - start, 20s);
   std::string rank0 = test::describe(errors[0]), rank1 = test::describe(errors[1]);

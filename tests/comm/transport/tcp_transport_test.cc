@@ -335,21 +335,27 @@ TEST_P(TcpTransportTest, CallOfAnotherSignatureFailsWithTheMismatch) {
   });
 }
 
+// Connections by use: the ranks below never exchanged anything with the one that
+// leaves, so they have no stream from it. Each connects to it once its wait has lasted
+// kSuspectAfter, and reads what happened in the refusal of the transport that closed or
+// aborted (it stays open until the others are done, as a communicator does until it
+// is destroyed). A rank whose process is gone refuses nothing: PeerProcessThatDies.
 TEST_P(TcpTransportTest, PeerThatClosesIsNamedAsGone) {
   // The last rank closes at once; every other waits for eight bytes of broadcast #0
-  // from it. Each fails naming it; one whose peer's abort came before the goodbye
-  // reports it nested in that peer's reason.
-  run_mesh(GetParam(), [](Transport& t) {
+  // from it. Each fails naming it.
+  std::latch others_done(GetParam() - 1);
+  run_mesh(GetParam(), [&](Transport& t) {
     const int gone = t.size() - 1;
     if (t.rank() == gone) {
       t.close();
+      others_done.wait();
       return;
     }
+    CountDownOnExit done{others_done};
     t.begin(collective("broadcast", 0, Signature{8, gone, 0, transport::kNoReduce}));
     std::vector<uint8_t> buf(8);
     t.irecv(gone, buf.data(), buf.size());
     const std::string m = failure_of<PeerError>(t, [&] { t.wait_all(); });
-    // Its own finding, or (nested) that of a rank whose abort came first.
     EXPECT_EQ(m.rfind("broadcast #0 failed on " + here_text(t) + ": rank ", 0), 0u) << m;
     EXPECT_TRUE(contains(m, peer_text(t, gone))) << m;
     EXPECT_TRUE(contains(m, ") left the communicator while this rank expected 8 bytes from it")) << m;
@@ -358,17 +364,19 @@ TEST_P(TcpTransportTest, PeerThatClosesIsNamedAsGone) {
 
 TEST_P(TcpTransportTest, PeerThatAbortsPassesItsReasonOn) {
   // Rank 0 aborts at once; every other waits for eight bytes of reduce #0 from it and
-  // fails with rank 0's reason (nested in another's, where that rank's abort came first).
-  run_mesh(GetParam(), [](Transport& t) {
+  // fails with rank 0's reason.
+  std::latch others_done(GetParam() - 1);
+  run_mesh(GetParam(), [&](Transport& t) {
     if (t.rank() == 0) {
       t.abort("rank 0 gave up: the test says so");
+      others_done.wait();
       return;
     }
+    CountDownOnExit done{others_done};
     t.begin(collective("reduce", 0, f32_sum(2)));
     std::vector<uint8_t> buf(8);
     t.irecv(0, buf.data(), buf.size());
     const std::string m = failure_of<PeerError>(t, [&] { t.wait_all(); });
-    // Rank 0's reason, passed on by rank 0 or (nested) by a rank whose abort came first.
     EXPECT_EQ(m.rfind("reduce #0 failed on " + here_text(t) + ": rank ", 0), 0u) << m;
     const std::string end = ") aborted: rank 0 gave up: the test says so";
     EXPECT_TRUE(m.size() >= end.size() && m.compare(m.size() - end.size(), end.size(), end) == 0) << m;
@@ -376,27 +384,67 @@ TEST_P(TcpTransportTest, PeerThatAbortsPassesItsReasonOn) {
   });
 }
 
+// A rank that already exchanged with the one that aborts reads the reason on its
+// stream at once, even while it waits on a third rank.
 TEST_P(TcpTransportTest, AbortReachesAPeerThatWaitsOnAnother) {
-  // Rank 1 waits for rank 2, which sends nothing until rank 1 is done; rank 0, which
-  // rank 1 expects nothing from, aborts. Its reason reaches rank 1 on the idle stream.
+  // Rank 0 and rank 1 exchange first, so that each has a stream from the other; then
+  // rank 1 waits for rank 2, which sends nothing until rank 1 is done, and rank 0
+  // aborts. Its reason reaches rank 1 on the idle stream.
   if (GetParam() < 3) GTEST_SKIP() << "needs a third rank";
   std::latch rank1_done(1);
   run_mesh(GetParam(), [&](Transport& t) {
+    if (t.rank() == 0 || t.rank() == 1) {
+      const int other = 1 - t.rank();
+      t.begin(collective("allreduce", 0, f32_sum(1)));
+      std::vector<uint8_t> out(4, 1), in(4);
+      t.isend(other, out.data(), out.size());
+      t.irecv(other, in.data(), in.size());
+      t.wait_all();
+    }
     if (t.rank() == 0) {
       t.abort("rank 0 gave up while rank 1 waited on rank 2");
+      rank1_done.wait();
       return;
     }
     if (t.rank() != 1) {
       rank1_done.wait();
       return;
     }
-    t.begin(collective("gather", 0, Signature{2, 2, 0, transport::kNoReduce}));
+    t.begin(collective("gather", 1, Signature{2, 2, 0, transport::kNoReduce}));
     std::vector<uint8_t> buf(8);
     t.irecv(2, buf.data(), buf.size());
     CountDownOnExit release{rank1_done};
     const std::string m = failure_of<PeerError>(t, [&] { t.wait_all(); });
-    EXPECT_EQ(m.rfind("gather #0 failed on " + here_text(t) + ": " + peer_text(t, 0), 0), 0u) << m;
+    EXPECT_EQ(m.rfind("gather #1 failed on " + here_text(t) + ": " + peer_text(t, 0), 0), 0u) << m;
     EXPECT_TRUE(contains(m, ") aborted: rank 0 gave up while rank 1 waited on rank 2")) << m;
+  });
+}
+
+// And a rank that never exchanged with it learns it from the ranks between: each rank
+// that fails aborts with its error (the communicator does), so the reason travels along
+// the streams the algorithm uses. Rank 2 waits for rank 0, which aborts; rank 1 waits
+// for rank 2.
+TEST_P(TcpTransportTest, AbortTravelsAlongTheRanksThatWait) {
+  if (GetParam() < 3) GTEST_SKIP() << "needs a third rank";
+  std::latch all_done(3);  // ranks 0-2, each kept open until the others are done
+  run_mesh(GetParam(), [&](Transport& t) {
+    if (t.rank() == 0) {
+      t.abort("rank 0 gave up first");
+      all_done.arrive_and_wait();
+      return;
+    }
+    if (t.rank() > 2) return;
+    const int awaited = t.rank() == 2 ? 0 : 2;
+    // A broadcast from rank 0 along a chain 0 -> 2 -> 1.
+    t.begin(collective("broadcast", 0, Signature{2, 0, 0, transport::kNoReduce}));
+    std::vector<uint8_t> buf(8);
+    t.irecv(awaited, buf.data(), buf.size());
+    const std::string m = failure_of<PeerError>(t, [&] { t.wait_all(); });
+    EXPECT_EQ(m.rfind("broadcast #0 failed on " + here_text(t) + ": " + peer_text(t, awaited), 0), 0u)
+        << m;
+    EXPECT_TRUE(contains(m, "rank 0 gave up first")) << m;
+    if (t.rank() == 2) t.abort(m);
+    all_done.arrive_and_wait();
   });
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 
 #include "chorus/error.h"
 #include "comm/common/allowlist.h"
@@ -21,9 +22,6 @@ constexpr int kAcceptBatch = 64;
 constexpr std::chrono::seconds kRefusalTimeout{2};
 // How long a rank that gives up keeps telling the connections it holds why.
 constexpr std::chrono::seconds kGiveUpLinger{1};
-// How many of the ranks that did not connect a message names (a job of 100000 ranks
-// whose peers never came would name them all).
-constexpr int kListedRanks = 16;
 
 }  // namespace
 
@@ -41,26 +39,49 @@ struct Acceptor::Pending {
 };
 
 Acceptor::Acceptor(net::Fd listener, Expected expected,
-                   std::shared_ptr<const net::AllowList> allowlist, const Deadline& deadline)
+                   std::shared_ptr<const net::AllowList> allowlist)
     : listener_(std::move(listener)),
       listening_(net::local_address(listener_.get()).str()),
       wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+      ready_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       expected_(std::move(expected)),
       allowlist_(std::move(allowlist)),
-      deadline_(deadline),
-      in_(static_cast<size_t>(expected_.size)),
-      claimed_(static_cast<size_t>(expected_.size), false),
-      missing_(expected_.size - 1) {
-  if (!wakeup_.valid()) net::throw_errno("eventfd", errno);
-  if (missing_ > 0) thread_ = std::thread([this] { run(); });
+      claimed_(static_cast<size_t>(expected_.size), false) {
+  if (!wakeup_.valid() || !ready_.valid()) net::throw_errno("eventfd", errno);
+  if (expected_.size > 1) {
+    running_ = true;
+    thread_ = std::thread([this] { run(); });
+  }
 }
 
 Acceptor::~Acceptor() { stop(""); }
 
-std::vector<net::Fd> Acceptor::wait() {
-  if (thread_.joinable()) thread_.join();
+void Acceptor::take(std::vector<std::pair<int, net::Fd>>& arrived) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t count = 0;
+  ssize_t ignored = ::read(ready_.get(), &count, sizeof count);
+  (void)ignored;
+  for (auto& a : mailbox_) arrived.push_back(std::move(a));
+  mailbox_.clear();
   if (error_) std::rethrow_exception(error_);
-  return std::move(in_);
+}
+
+std::string Acceptor::last_refusal() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_refusal_;
+}
+
+void Acceptor::refuse_all(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    refusing_why_ = why;
+  }
+  refusing_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t ignored = ::write(wakeup_.get(), &one, sizeof one);
+  (void)ignored;
+  std::unique_lock<std::mutex> lock(mutex_);
+  seen_.wait_for(lock, std::chrono::seconds(1), [&] { return refusal_seen_ || !running_; });
 }
 
 void Acceptor::stop(const std::string& why) {
@@ -76,19 +97,27 @@ void Acceptor::stop(const std::string& why) {
 }
 
 void Acceptor::run() {
-  std::string closing = "rank " + std::to_string(expected_.rank) +
-                        " has its connection from every rank already";
+  std::string closing = "rank " + std::to_string(expected_.rank) + " closed its communicator";
   try {
     loop();
   } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
     error_ = std::current_exception();
     closing = e.what();
   }
   // The connections that have not authenticated are told why they are closed, and the
-  // port closes too: every rank that connects to this one has.
+  // port closes too.
   for (auto& p : pending_) p->handshake.give_up(closing);
   pending_.clear();
   listener_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
+  }
+  seen_.notify_all();
+  uint64_t one = 1;  // a transport waiting for connections learns of the error
+  ssize_t ignored = ::write(ready_.get(), &one, sizeof one);
+  (void)ignored;
 }
 
 void Acceptor::loop() {
@@ -104,21 +133,25 @@ void Acceptor::loop() {
       drain(why);
       giving_up = true;
     }
-    if (giving_up) {
-      if (pending_.empty()) return;
-    } else {
-      if (missing_ == 0) return;
-      if (deadline_.expired()) throw TimeoutError(timeout_message());
+    if (giving_up && pending_.empty()) return;
+    if (refusing_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!refusal_seen_) {
+        refusal_seen_ = true;
+        seen_.notify_all();
+      }
     }
-    Deadline next = deadline_;
+    // No deadline of its own: it runs until stop(). Each handshake has one.
+    std::optional<Deadline> next;
     fds.clear();
     fds.push_back(pollfd{wakeup_.get(), POLLIN, 0});
     fds.push_back(pollfd{giving_up ? -1 : listener_.get(), POLLIN, 0});
     for (const auto& p : pending_) {
       fds.push_back(pollfd{p->fd.get(), p->handshake.events(), 0});
-      next = next.earlier(p->deadline);
+      next = next ? next->earlier(p->deadline) : p->deadline;
     }
-    if (::poll(fds.data(), fds.size(), next.remaining_ms(1000)) < 0 && errno != EINTR) {
+    if (::poll(fds.data(), fds.size(), next ? next->remaining_ms(1000) : -1) < 0 &&
+        errno != EINTR) {
       net::throw_errno("rank " + std::to_string(expected_.rank) + " accepting connections: poll",
                        errno);
     }
@@ -163,15 +196,25 @@ void Acceptor::accept_new() {
     if (static_cast<int>(pending_.size()) >= kMaxUnauthenticated) evict_one();
     const int accepted = fd.get();
     std::unique_ptr<Pending> p;
-    if (allowlist_->allows(from)) {
+    std::string refusing;
+    if (refusing_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      refusing = refusing_why_;
+    }
+    if (!refusing.empty()) {
+      p = std::make_unique<Pending>(std::move(fd), from,
+                                    ServerHandshake::refusal(accepted, expected_, refusing),
+                                    Deadline(kRefusalTimeout));
+      p->refusing = true;
+    } else if (allowlist_->allows(from)) {
       p = std::make_unique<Pending>(std::move(fd), from, ServerHandshake(accepted, expected_),
-                                    deadline_.earlier(Deadline(kHandshakeTimeout)));
+                                    Deadline(kHandshakeTimeout));
     } else {
       std::string why = "address " + from.ip() + " is not in " + allowlist_->describe();
       refused(from, why);
       p = std::make_unique<Pending>(std::move(fd), from,
                                     ServerHandshake::refusal(accepted, expected_, why),
-                                    deadline_.earlier(Deadline(kRefusalTimeout)));
+                                    Deadline(kRefusalTimeout));
       p->refusing = true;
     }
     serve(*p);  // its HELLO is often in already
@@ -184,7 +227,11 @@ void Acceptor::serve(Pending& p) {
   if (status == ServerHandshake::Status::kAuthenticated) {
     // Decided here, once the token is proven: an impostor's HELLO claims no rank.
     int rank = p.handshake.hello().from_rank;
-    if (claimed_[rank]) {
+    if (refusing_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      p.handshake.refuse(refusing_why_);
+      p.refusing = true;
+    } else if (claimed_[rank]) {
       p.handshake.refuse("duplicate connection from rank " + std::to_string(rank));
     } else {
       claimed_[rank] = true;
@@ -194,8 +241,14 @@ void Acceptor::serve(Pending& p) {
     status = p.handshake.advance();
   }
   if (status == ServerHandshake::Status::kAccepted) {
-    in_[p.claim] = std::move(p.fd);
-    --missing_;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      mailbox_.emplace_back(p.claim, std::move(p.fd));
+    }
+    delivered_.fetch_add(1, std::memory_order_release);
+    uint64_t one = 1;
+    ssize_t ignored = ::write(ready_.get(), &one, sizeof one);
+    (void)ignored;
     p.done = true;
   } else if (status == ServerHandshake::Status::kRefused) {
     if (p.claim >= 0) claimed_[p.claim] = false;  // its ACCEPTED could not be sent
@@ -225,8 +278,12 @@ void Acceptor::evict_one() {
                     " connections were waiting to authenticate";
   (*it)->handshake.give_up(why);
   (*it)->done = true;
-  last_refusal_ = (*it)->from.str() + ": " + why;
-  CHORUS_LOG(kDebug, "rank " << expected_.rank << " " << last_refusal_);
+  std::string refusal = (*it)->from.str() + ": " + why;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_refusal_ = refusal;
+  }
+  CHORUS_LOG(kDebug, "rank " << expected_.rank << " " << refusal);
   pending_.erase(it);
 }
 
@@ -246,41 +303,12 @@ void Acceptor::drain(const std::string& why) {
 }
 
 void Acceptor::refused(const net::SockAddr& from, const std::string& why) {
-  last_refusal_ = from.str() + ": " + why;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_refusal_ = from.str() + ": " + why;
+  }
   CHORUS_LOG(kWarn, "rank " << expected_.rank << " refused connection from " << from.str() << ": "
                             << why);
-}
-
-std::string Acceptor::missing_ranks() const {
-  std::string who;
-  int listed = 0;
-  for (int r = 0; r < expected_.size; ++r) {
-    if (r == expected_.rank || in_[r].valid()) continue;
-    if (listed++ == kListedRanks) break;
-    who += ' ';
-    who += std::to_string(r);
-  }
-  if (listed > kListedRanks) who += " and " + std::to_string(missing_ - kListedRanks) + " more";
-  return who;
-}
-
-// Names the address the others were to reach: where one rank published an address its
-// peers cannot reach (an interface chosen by CHORUS_IF_IP, CHORUS_SOCKET_IFNAME or
-// HCCL_IF_IP that leads nowhere), that rank may be the first to time out, and then its
-// message is the only one the job prints.
-std::string Acceptor::timeout_message() const {
-  return "connecting communicator '" + expected_.comm_id + "': rank " +
-         std::to_string(expected_.rank) + " never got a valid connection from rank(s)" +
-         missing_ranks() + " within the connect timeout, on " + listening_ +
-         ", the address it published (can they reach it? CHORUS_IF_IP, CHORUS_SOCKET_IFNAME "
-         "and HCCL_IF_IP choose it)" +
-         (last_refusal_.empty() ? "" : "; last refused: " + last_refusal_);
-}
-
-std::string Acceptor::unconnected() const {
-  if (missing_ == 0) return "";
-  return "rank " + std::to_string(expected_.rank) + " got no valid connection from rank(s)" +
-         missing_ranks() + (last_refusal_.empty() ? "" : "; last refused: " + last_refusal_);
 }
 
 }  // namespace chorus::transport::tcp

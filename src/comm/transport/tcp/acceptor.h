@@ -1,6 +1,9 @@
-// The accepting side of a tcp mesh's start-up: every other rank's connection to this
-// one (its `in` stream), accepted and authenticated on a thread of its own from right
-// after listen() until each rank has one, while this rank's own connections go out.
+// The accepting side of a tcp transport: every other rank's connection to this one
+// (its `in` stream), accepted and authenticated on a thread of its own from right after
+// listen() until the transport closes. Ranks connect when they first send to this one
+// (connections by use, mesh.cc), so connections arrive at any time in the life of the
+// communicator, and the thread hands each to the transport through a mailbox and an
+// eventfd the transport polls.
 //
 // One poll() loop runs every handshake at once (ServerHandshake, handshake.h), each
 // with its own deadline, as the store server does: a connection that says nothing, or
@@ -10,11 +13,12 @@
 // cannot use up this process's file descriptors. The old acceptor handshook one
 // connection at a time, each with 10 s: 8 silent connections to each data port of a
 // 3-rank job made its start-up fail at the 120 s connect timeout (issue 21); with 300
-// silent, 4 slow and 16 impostor connections to each port, a 3-rank group now forms
-// 13-17 ms after its last rank arrives (startup_test).
+// silent, 4 slow and 16 impostor connections to each port, a 3-rank group forms
+// within milliseconds of its last rank's arrival (startup_test).
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +35,12 @@ class AllowList;
 
 namespace chorus::transport::tcp {
 
+// How a transport that aborted or closed refuses the connections that come after
+// (Acceptor::refuse_all), so that the connecting rank can name what happened: the
+// first followed by the abort's reason; the second alone.
+inline constexpr char kAbortedRefusal[] = "aborted: ";
+inline constexpr char kClosedRefusal[] = "left the communicator (closed it)";
+
 // The most connections a rank holds that have not authenticated yet.
 inline constexpr int kMaxUnauthenticated = 256;
 // How long one connection has to complete its handshake.
@@ -38,28 +48,37 @@ inline constexpr std::chrono::seconds kHandshakeTimeout{10};
 
 class Acceptor {
  public:
-  // Starts accepting on `listener` for rank expected.rank of expected.size, until
-  // `deadline`. Connections from addresses `allowlist` does not name are refused.
-  Acceptor(net::Fd listener, Expected expected, std::shared_ptr<const net::AllowList> allowlist,
-           const Deadline& deadline);
+  // Starts accepting on `listener` for rank expected.rank of expected.size.
+  // Connections from addresses `allowlist` does not name are refused.
+  Acceptor(net::Fd listener, Expected expected, std::shared_ptr<const net::AllowList> allowlist);
   // Stops the thread if it still runs.
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
 
-  // Waits until every other rank's connection has authenticated and returns them,
-  // indexed by rank (this rank's own entry invalid). Throws TimeoutError at the
-  // deadline naming the ranks that never connected, the address they were to reach
-  // (a wrong interface is the usual cause) and the last refusal.
-  std::vector<net::Fd> wait();
+  // Readable (POLLIN) while connections wait in the mailbox.
+  int ready_fd() const { return ready_.get(); }
+  // How many connections the thread has handed over so far: a transport that has taken
+  // as many has nothing to take.
+  uint64_t delivered() const { return delivered_.load(std::memory_order_acquire); }
+  // Moves the connections authenticated since the last call into `arrived`, each with
+  // its rank. Rethrows what ended the thread, if anything did.
+  void take(std::vector<std::pair<int, net::Fd>>& arrived);
 
-  // This rank gives up (its own connections failed): the thread stops, telling the
-  // connections it still holds `why` (within a second at most). Afterwards,
-  // unconnected() says which ranks had not connected yet.
+  // From now on every connection is refused with `why`, once it has sent its HELLO (a
+  // transport that aborted or closed: a peer that connects to it learns why from the
+  // refusal). The words are the peer's to interpret (kAbortedRefusal, kClosedRefusal).
+  // Returns once the thread has taken it in: every connection accepted before is in the
+  // mailbox then (take() finds it), and every later one is refused.
+  void refuse_all(const std::string& why);
+
+  // Stops accepting: the thread ends, telling the connections it still holds `why`
+  // (within a second at most), and closes the port.
   void stop(const std::string& why);
-  // "rank R got no valid connection from rank(s) A B; last refused: ..." (empty when
-  // every rank connected). Only once the thread ended (wait() or stop()).
-  std::string unconnected() const;
+  // "ip:port", the address this rank published.
+  const std::string& listening() const { return listening_; }
+  // The last connection refused, "address: why" (empty when none was).
+  std::string last_refusal() const;
 
  private:
   struct Pending;
@@ -67,34 +86,36 @@ class Acceptor {
   void loop();
   void accept_new();
   void serve(Pending& pending);
-  void dismiss(Pending& pending, const std::string& why);
   void evict_one();
   void drain(const std::string& why);
   void refused(const net::SockAddr& from, const std::string& why);
-  std::string missing_ranks() const;
-  std::string timeout_message() const;
 
   net::Fd listener_;
   std::string listening_;  // "ip:port", the address this rank published for its peers
   net::Fd wakeup_;  // eventfd: stop() makes poll() return
+  net::Fd ready_;   // eventfd: readable while the mailbox holds connections
   Expected expected_;
   std::shared_ptr<const net::AllowList> allowlist_;
-  Deadline deadline_;
   std::thread thread_;
 
-  std::mutex mutex_;
-  std::string stop_reason_;         // guarded by mutex_
+  mutable std::mutex mutex_;
+  std::string stop_reason_;                          // guarded by mutex_
+  std::vector<std::pair<int, net::Fd>> mailbox_;    // guarded by mutex_
+  std::string last_refusal_;                         // guarded by mutex_
+  std::exception_ptr error_;                         // guarded by mutex_
+  std::atomic<uint64_t> delivered_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> refusing_{false};
+  std::string refusing_why_;  // guarded by mutex_; set before refusing_
+  bool refusal_seen_ = false;  // guarded by mutex_: the thread took refuse_all() in
+  bool running_ = false;       // guarded by mutex_: the thread has not ended
+  std::condition_variable seen_;
 
-  // The thread's own until it ends.
-  std::vector<net::Fd> in_;
+  // The thread's own.
   std::vector<bool> claimed_;  // authenticated: their ACCEPTED is being sent or was
-  int missing_ = 0;
   std::vector<std::unique_ptr<Pending>> pending_;  // in the order they were accepted
-  std::string last_refusal_;
   bool warned_full_ = false;    // that the bound was reached
   bool warned_accept_ = false;  // that accept() failed
-  std::exception_ptr error_;
 };
 
 }  // namespace chorus::transport::tcp

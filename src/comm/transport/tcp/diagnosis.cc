@@ -64,19 +64,20 @@ void TcpTransport::check_against_call(int peer, const FrameHeader& h) {
 
 void TcpTransport::look_for_mismatch(int except, std::chrono::milliseconds within) {
   const Deadline deadline(within);
-  std::vector<bool> looked(size_, false);
+  std::vector<int> looked;
   while (true) {
     std::vector<pollfd> fds;
-    for (int i = 0; i < size_; ++i) {
+    for (int i : linked_) {
       Peer& p = peers_[i];
-      if (i == rank_ || i == except || looked[i] || !p.in.valid() || p.said_goodbye) continue;
+      if (i == except || !p.in.valid() || p.said_goodbye) continue;
+      if (std::find(looked.begin(), looked.end(), i) != looked.end()) continue;
       if (!p.recvs.empty() && p.recvs.front().done > 0) continue;  // inside a frame
       int avail = 0;
       FrameHeader h;
       if (ioctl(p.in.get(), FIONREAD, &avail) == 0 && avail >= static_cast<int>(sizeof h) &&
           ::recv(p.in.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) ==
               static_cast<ssize_t>(sizeof h)) {
-        looked[i] = true;
+        looked.push_back(i);
         const bool data = h.kind == static_cast<uint8_t>(FrameKind::kCollective) ||
                           h.kind == static_cast<uint8_t>(FrameKind::kWaiting);
         if (h.magic == kFrameMagic && data) check_against_call(i, h);
@@ -187,11 +188,24 @@ void TcpTransport::check_idle_peer(int peer, short revents) {
 // neither had anything to send the other (ranks that disagree on a broadcast's root,
 // each waiting for its parent). Best effort: a stream whose socket buffer is full
 // (the peer is not reading it) is skipped.
+//
+// A peer waited for that has no stream from this rank yet gets one (connections by use:
+// this rank never sent to it): a peer that is gone refuses it, and the wait fails at
+// once naming it, where it would otherwise last until the deadline. One that is alive
+// but slow to answer is left for the deadline.
 void TcpTransport::send_waiting_frames() {
   if (op_.kind != FrameKind::kCollective) return;
-  for (int i = 0; i < size_; ++i) {
+  const std::vector<int> active = active_;  // connect_out may link peers
+  for (int i : active) {
     Peer& p = peers_[i];
-    if (i == rank_ || p.recvs.empty() || !p.sends.empty() || !p.out.valid()) continue;
+    if (p.recvs.empty() || !p.sends.empty()) continue;
+    if (!p.out.valid()) {
+      try {
+        connect_out(i, op_.deadline.earlier(Deadline(kHandshakeTimeout)));
+      } catch (const TimeoutError&) {
+        continue;
+      }
+    }
     pollfd writable{p.out.get(), POLLOUT, 0};
     if (::poll(&writable, 1, 0) != 1 || (writable.revents & POLLOUT) == 0) continue;
     SendEntry e;
@@ -223,8 +237,8 @@ void TcpTransport::fail_closed(int peer, const std::string& what) {
 std::string TcpTransport::other_dead_peers(int except) const {
   std::vector<pollfd> fds;
   std::vector<int> who;
-  for (int i = 0; i < size_; ++i) {
-    if (i == rank_ || i == except || !peers_[i].in.valid() || peers_[i].said_goodbye) continue;
+  for (int i : linked_) {
+    if (i == except || !peers_[i].in.valid() || peers_[i].said_goodbye) continue;
     fds.push_back({peers_[i].in.get(), POLLRDHUP, 0});
     who.push_back(i);
   }
@@ -287,12 +301,24 @@ void TcpTransport::fail_timeout() const {
   std::ostringstream m;
   m << op_name() << " timed out on " << here() << "; still waiting:";
   std::vector<int> awaited;
-  for (int i = 0; i < size_; ++i) {
+  std::vector<int> active = active_;
+  std::sort(active.begin(), active.end());
+  for (int i : active) {
     const Peer& p = peers_[i];
     if (!p.recvs.empty() || !p.sends.empty()) awaited.push_back(i);
     for (const RecvEntry& e : p.recvs) {
       m << " to receive " << (sizeof(FrameHeader) + e.want.length - e.done) << " bytes from "
-        << peer_name(i) << ";";
+        << peer_name(i)
+        << (p.in.valid() ? ""
+                         : " (it never connected to this rank" +
+                               std::string(acceptor_ ? ", on " + acceptor_->listening() +
+                                                           ", the address this rank published: "
+                                                           "can it reach it? CHORUS_IF_IP, "
+                                                           "CHORUS_SOCKET_IFNAME and HCCL_IF_IP "
+                                                           "choose it"
+                                                     : "") +
+                               ")")
+        << ";";
       break;
     }
     for (const SendEntry& e : p.sends) {
@@ -302,6 +328,10 @@ void TcpTransport::fail_timeout() const {
     }
   }
   m << " (a peer is stopped, hung, or behind in a different operation)";
+  if (acceptor_) {
+    std::string refusal = acceptor_->last_refusal();
+    if (!refusal.empty()) m << "; last connection refused: " << refusal;
+  }
   throw TimeoutError(m.str(), std::move(awaited));
 }
 

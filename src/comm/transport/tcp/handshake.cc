@@ -271,7 +271,7 @@ MessageKind kind_of(std::span<const uint8_t> message) {
 }
 
 void client_handshake(int fd, const Hello& hello, const std::string& token,
-                      const Deadline& deadline, const std::string& what) {
+                      const Deadline& deadline, const std::string& what, std::string* refusal) {
   handshake::Client client(
       token, proof_context(hello.comm_id, hello.from_rank, hello.to_rank, hello.size),
       hello.nonce);
@@ -296,6 +296,7 @@ void client_handshake(int fd, const Hello& hello, const std::string& token,
     case handshake::Client::Outcome::kAccepted:
       return;
     case handshake::Client::Outcome::kRefused:
+      if (refusal != nullptr) *refusal = step.why;
       throw PeerError(what + ": the peer refused the connection: " + step.why);
     case handshake::Client::Outcome::kUnproven:
       throw PeerError(handshake::server_unproven(what + ": the peer", "the job token",

@@ -144,8 +144,10 @@ MessageKind kind_of(std::span<const uint8_t> message);
 // normally once both sides proved the token. Throws PeerError with the server's
 // refusal (or why its proof failed), TimeoutError when the deadline passes. `what`
 // names the connection ("rank 3 connecting to rank 1 (host h)").
+// `refusal`, when given, receives the server's words when it refused.
 void client_handshake(int fd, const Hello& hello, const std::string& token,
-                      const Deadline& deadline, const std::string& what);
+                      const Deadline& deadline, const std::string& what,
+                      std::string* refusal = nullptr);
 
 // The server's side of one connection as a state machine, so that one thread can run
 // many handshakes at once, each with its own deadline (the acceptor of a mesh,

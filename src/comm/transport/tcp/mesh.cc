@@ -1,9 +1,11 @@
-// connect_mesh (tcp_transport.h): the start-up of the tcp mesh. Checks the descriptor
-// limit, starts the acceptor (acceptor.h) on a fresh listening socket, exchanges
-// addresses and world sizes through the store, connects to every peer with the
-// handshake (handshake.h), sets the streams to ranks of this host up for loopback
-// (tune_loopback_stream), and hands the streams to a TcpTransport
-// (tcp_transport_impl.h).
+// connect_mesh (tcp_transport.h): the start-up of the tcp transport, and its
+// connections by use. Start-up checks the descriptor limit, starts the acceptor
+// (acceptor.h) on a fresh listening socket, and exchanges every rank's address, host and
+// node through the roster (roster.h): a constant number of store requests per rank. It
+// opens no connection: TcpTransport::connect_out opens a rank's stream to a peer when
+// the rank first sends to it, and the acceptor hands over the peer's stream to this rank
+// when the peer first sends here. A rank holds sockets only to the peers its algorithms
+// use (docs/architecture.md, "Connections by use").
 #include "comm/transport/tcp/tcp_transport.h"
 
 #include <netinet/in.h>
@@ -11,6 +13,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -21,159 +24,56 @@
 #include "comm/common/auth.h"
 #include "comm/common/logging.h"
 #include "comm/common/socket.h"
-#include "comm/store/paged.h"
 #include "comm/transport/tcp/acceptor.h"
 #include "comm/transport/tcp/handshake.h"
 #include "comm/transport/tcp/tcp_transport_impl.h"
+#include "comm/transport/roster.h"
 
 namespace chorus::transport::tcp {
 namespace {
 
-std::string address_key(int rank) { return "tcp/" + std::to_string(rank); }
-
-// The size the first rank to arrive was created with, "SIZE RANK"; and, once a rank
-// finds that its own differs, why (every rank waiting for addresses looks at it).
-const char kSizeKey[] = "tcp/size";
-const char kSizeMismatchKey[] = "tcp/size_mismatch";
-
-// "ip port host size": what each rank publishes.
-struct Published {
-  std::string ip;
-  uint16_t port = 0;
-  std::string host;
-  int size = 0;
-};
-
-Published parse_published(const std::string& value, int rank) {
-  std::istringstream in(value);
-  Published p;
-  in >> p.ip >> p.port >> p.host >> p.size;
-  if (p.ip.empty() || p.port == 0 || p.size < 1) {
-    throw StoreError("rank " + std::to_string(rank) + " published a malformed address '" +
-                     value + "'");
-  }
-  return p;
-}
-
-std::string size_mismatch(int rank, int size, int other_rank, int other_size) {
-  return "world size differs: rank " + std::to_string(rank) + " was created with size " +
-         std::to_string(size) + ", rank " + std::to_string(other_rank) + " with size " +
-         std::to_string(other_size);
-}
-
-// Publishes this rank's address and the world size it was created with, and returns
-// every rank's. A rank created with another size than the others fails at once, and
-// so does every rank that waits with it, naming both sizes: the first rank to arrive
-// records its size, a rank whose size differs says so in the store before it fails,
-// and the others look for that between the short slices they wait in. (Without it the
-// ranks with the larger size waited for addresses that never came, until the connect
-// timeout.) Every address carries its size too, checked as it is read.
-std::vector<Published> exchange_addresses(Store& store, int rank, int size,
-                                          const TcpOptions& opt, const net::SockAddr& bound,
-                                          const Deadline& deadline) {
-  const std::string where = "connecting communicator '" + opt.comm_id + "' (rank " +
-                            std::to_string(rank) + " of " + std::to_string(size) + ")";
-  auto fail = [&](const std::string& mismatch) {
-    store.set(kSizeMismatchKey, mismatch);
-    throw ConfigError(where + ": " + mismatch);
-  };
-  store.set(address_key(rank), opt.listen_address + " " + std::to_string(bound.port()) + " " +
-                                   net::hostname() + " " + std::to_string(size));
-  std::string mine = std::to_string(size) + " " + std::to_string(rank);
-  Bytes first_bytes = store.compare_set(kSizeKey, Bytes(), Bytes(mine.begin(), mine.end()));
-  std::istringstream first(std::string(first_bytes.begin(), first_bytes.end()));
-  int first_size = 0, first_rank = 0;
-  first >> first_size >> first_rank;
-  if (first_size != size) fail(size_mismatch(rank, size, first_rank, first_size));
-
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(address_key(r));
-  std::vector<Bytes> values;
-  try {
-    values = store::pages::wait_and_get(store, keys, deadline, [&] {
-      if (store.check({kSizeMismatchKey})) {
-        throw ConfigError(where + ": " + store.get_string(kSizeMismatchKey));
-      }
-    });
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(where + ": not every rank published its address within the connect "
-                               "timeout: " + e.what());
-  }
-  std::vector<Published> out;
-  for (int r = 0; r < size; ++r) {
-    out.push_back(parse_published(std::string(values[r].begin(), values[r].end()), r));
-    if (out.back().size != size) fail(size_mismatch(r, out.back().size, rank, size));
-  }
-  return out;
-}
-
-// A full mesh holds two sockets per peer, and the acceptor up to kMaxUnauthenticated
-// more during start-up; kSpareDescriptors is left for the rest of the process (the
-// store's connection, shared memory, the program's own files).
+// A rank holds up to two sockets per peer it exchanges with (an alltoall: every peer),
+// and the acceptor up to kMaxUnauthenticated more; kSpareDescriptors is left for the
+// rest of the process (the store's connection, shared memory, the program's own files).
 constexpr rlim_t kSpareDescriptors = 64;
+// What creation requires at least: the streams of this many peers. A rank whose
+// algorithms use more peers opens them as it needs them, and one that runs out of
+// descriptors then fails naming the limit (connect_out).
+constexpr rlim_t kReservedPeers = 64;
 
-// Checked before anything is published: a world size the process cannot hold sockets
-// for fails here, naming the limit, rather than with EMFILE in the middle of the
-// mesh's start-up. Raises the soft limit up to the hard one where that is enough, as
-// servers do (Debian's soft limit is 1024).
+// Checked before anything is published. Raises the soft limit up to the hard one where
+// it is below what a full mesh would take, as servers do (Debian's soft limit is 1024);
+// fails, naming the limit, only when even the streams of kReservedPeers peers do not fit.
 void reserve_descriptors(int rank, int size, const std::string& comm_id) {
-  const rlim_t needed = 2 * static_cast<rlim_t>(size - 1) + kMaxUnauthenticated +
-                        kSpareDescriptors;
+  const rlim_t peers = static_cast<rlim_t>(size - 1);
+  const rlim_t wanted = 2 * peers + kMaxUnauthenticated + kSpareDescriptors;
+  const rlim_t needed = 2 * std::min(peers, kReservedPeers) + kMaxUnauthenticated + kSpareDescriptors;
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) net::throw_errno("getrlimit(RLIMIT_NOFILE)", errno);
-  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed) return;
-  if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max >= needed) {
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= wanted) return;
+  if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max > limit.rlim_cur) {
     rlim_t before = limit.rlim_cur;
-    limit.rlim_cur = limit.rlim_max;
+    limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? wanted : limit.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
       CHORUS_LOG(kInfo, "rank " << rank << ": raised RLIMIT_NOFILE from " << before << " to "
-                                << limit.rlim_cur << " (world size " << size << " needs about "
-                                << needed << " file descriptors)");
-      return;
+                                << limit.rlim_cur << " (world size " << size << " takes up to "
+                                << wanted << " file descriptors if every peer is used)");
+      if (limit.rlim_cur >= needed) return;
+    } else {
+      limit.rlim_cur = before;
     }
-    limit.rlim_cur = before;
   }
+  if (limit.rlim_cur >= needed) return;
   throw ConfigError(
       "creating communicator '" + comm_id + "' (rank " + std::to_string(rank) +
-      "): world size " + std::to_string(size) + " needs about " + std::to_string(needed) +
-      " file descriptors per rank (2 per peer for the tcp mesh, " +
-      std::to_string(kMaxUnauthenticated) + " for connections during start-up, " +
-      std::to_string(kSpareDescriptors) + " spare), but RLIMIT_NOFILE allows " +
-      std::to_string(limit.rlim_cur) + " (hard limit " +
+      "): world size " + std::to_string(size) + " needs at least " + std::to_string(needed) +
+      " file descriptors per rank (2 per peer for the streams of up to " +
+      std::to_string(kReservedPeers) + " peers, " + std::to_string(kMaxUnauthenticated) +
+      " for connections being accepted, " + std::to_string(kSpareDescriptors) +
+      " spare), but RLIMIT_NOFILE allows " + std::to_string(limit.rlim_cur) + " (hard limit " +
       (limit.rlim_max == RLIM_INFINITY ? std::string("unlimited")
                                        : std::to_string(limit.rlim_max)) +
       "; see ulimit -n and ulimit -Hn): raise it, or start fewer ranks");
-}
-
-// Every rank opens one connection to each other rank, its `out` stream to that rank,
-// and accepts one from each, its `in` stream, on the acceptor's thread; the connecting
-// side is the one that sends. Every rank's acceptor runs from before its address is
-// published until every peer has connected to it, so a connection to a published
-// address always finds its peer accepting: the connections go out in any order (the
-// next ranks first, so that the ranks do not all start with the same one), each after
-// the one before has its verdict.
-void connect_to_peers(std::vector<Peer>& peers, const std::vector<Published>& addrs, int rank,
-                      int size, const TcpOptions& opt, const Deadline& deadline) {
-  for (int step = 1; step < size; ++step) {
-    int r = (rank + step) % size;
-    std::string what = "rank " + std::to_string(rank) + " connecting to rank " +
-                       std::to_string(r) + " (host " + addrs[r].host + ", " + peers[r].address +
-                       ")";
-    peers[r].out = net::connect_to(addrs[r].ip, addrs[r].port, deadline, what);
-    Hello h;
-    h.from_rank = rank;
-    h.to_rank = r;
-    h.size = size;
-    h.comm_id = opt.comm_id;
-    h.nonce = auth::make_nonce();
-    try {
-      client_handshake(peers[r].out.get(), h, opt.token, deadline, what);
-    } catch (const TimeoutError& e) {
-      throw TimeoutError("connecting communicator '" + opt.comm_id + "': " + e.what() +
-                         " (rank " + std::to_string(r) +
-                         " did not complete the handshake within the connect timeout)");
-    }
-  }
 }
 
 // Streams between ranks of one host cross the loopback device: nothing is lost there
@@ -213,38 +113,113 @@ bool tune_loopback_stream(int fd) {
   return true;
 }
 
-std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size, const TcpOptions& opt) {
+std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size, const TcpOptions& opt,
+                                        std::vector<std::string>* nodes) {
   Deadline deadline(opt.connect_timeout);
   // Too few descriptors fail before this rank publishes an address.
   std::shared_ptr<const net::AllowList> allowlist = opt.allowlist;
   if (!allowlist) allowlist = std::make_shared<const net::AllowList>();
   reserve_descriptors(rank, size, opt.comm_id);
   net::Fd listener = net::listen_on(opt.listen_address, 0);
-  net::SockAddr bound = net::local_address(listener.get());
-  Acceptor acceptor(std::move(listener), Expected{rank, size, opt.comm_id, opt.token}, allowlist,
-                    deadline);
-  std::vector<Peer> peers(size);
+  Member mine{opt.listen_address, net::local_address(listener.get()).port(), net::hostname(),
+              opt.node_id};
+  // Accepting from before the address is published: a peer that reads it may connect
+  // at once.
+  auto acceptor = std::make_unique<Acceptor>(
+      std::move(listener), Expected{rank, size, opt.comm_id, opt.token}, allowlist);
+  std::vector<Member> roster;
   try {
-    std::vector<Published> addrs = exchange_addresses(store, rank, size, opt, bound, deadline);
-    for (int r = 0; r < size; ++r) {
-      peers[r].host = addrs[r].host;
-      peers[r].address = addrs[r].ip + ":" + std::to_string(addrs[r].port);
-    }
-    connect_to_peers(peers, addrs, rank, size, opt, deadline);
-  } catch (const TimeoutError& e) {
-    acceptor.stop(e.what());
-    std::string accepting = acceptor.unconnected();
-    throw TimeoutError(std::string(e.what()) + (accepting.empty() ? "" : "; " + accepting));
+    roster = exchange_roster(store, rank, size, mine, deadline, opt.comm_id);
   } catch (const Error& e) {
-    acceptor.stop(e.what());
+    acceptor->stop(e.what());
     throw;
   }
-  std::vector<net::Fd> in = acceptor.wait();
+  std::vector<Peer> peers(size);
   for (int r = 0; r < size; ++r) {
-    peers[r].in = std::move(in[r]);
-    if (peers[r].out.valid()) tune_loopback_stream(peers[r].out.get());
+    Member& m = roster[static_cast<size_t>(r)];
+    peers[r].host = m.host;
+    peers[r].ip = m.ip;
+    peers[r].port = m.port;
+    peers[r].address = m.ip + ":" + std::to_string(m.port);
+    if (nodes != nullptr) nodes->push_back(std::move(m.node));
   }
-  return std::make_unique<TcpTransport>(rank, size, std::move(peers));
+  return std::make_unique<TcpTransport>(
+      rank, size, std::move(peers), std::move(acceptor),
+      ConnectSettings{opt.comm_id, opt.token, opt.connect_timeout});
+}
+
+int TcpTransport::open_streams() const {
+  int n = 0;
+  for (int i : linked_) n += peers_[i].out.valid() + peers_[i].in.valid();
+  return n;
+}
+
+void TcpTransport::adopt_arrivals_slow() {
+  std::vector<std::pair<int, net::Fd>> arrived;
+  try {
+    acceptor_->take(arrived);
+  } catch (const Error& e) {
+    throw SystemError(op_name() + " on " + here() + ": accepting connections failed: " + e.what());
+  }
+  for (auto& [peer, fd] : arrived) {
+    ++adopted_;
+    peers_[peer].in = std::move(fd);
+    link(peer);
+  }
+}
+
+void TcpTransport::connect_out(int peer, const Deadline& deadline) {
+  Peer& p = peers_[peer];
+  if (p.out.valid()) return;
+  const std::string what = "rank " + std::to_string(rank_) + " connecting to " + peer_name(peer);
+  try {
+    p.out = net::connect_to_listener(p.ip, p.port, deadline, what);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(op_name() + ": " + e.what(), {peer});
+  } catch (const PeerError& e) {
+    // Every peer listens from before its address is published until it closes.
+    fail_peer(peer, std::string(e.what()) + " (the peer process died or aborted)" +
+                        other_dead_peers(peer));
+  } catch (const SystemError& e) {
+    rlimit limit{};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    throw ConfigError(op_name() + ": " + e.what() + " (RLIMIT_NOFILE " +
+                      std::to_string(limit.rlim_cur) + ", with " + std::to_string(open_streams()) +
+                      " streams open to peers): raise ulimit -n, or start fewer ranks");
+  }
+  Hello h;
+  h.from_rank = rank_;
+  h.to_rank = peer;
+  h.size = size_;
+  h.comm_id = settings_.comm_id;
+  h.nonce = auth::make_nonce();
+  std::string refusal;
+  try {
+    client_handshake(p.out.get(), h, settings_.token, deadline, what, &refusal);
+  } catch (const TimeoutError& e) {
+    p.out.reset();
+    throw TimeoutError(op_name() + ": " + e.what() + " (" + peer_name(peer) +
+                           " did not complete the handshake in time)",
+                       {peer});
+  } catch (const Error& e) {
+    p.out.reset();
+    // A peer that aborted or closed says so in its refusal (Acceptor::refuse_all).
+    const size_t prefix = sizeof kAbortedRefusal - 1;
+    if (refusal.compare(0, prefix, kAbortedRefusal) == 0) {
+      fail_peer(peer, peer_name(peer) + " aborted: " + refusal.substr(prefix));
+    }
+    if (refusal == kClosedRefusal) {
+      fail_peer(peer, peer_name(peer) + " left the communicator" +
+                          (p.recvs.empty() ? std::string(" while this rank was to send to it")
+                                           : " while this rank expected " +
+                                                 std::to_string(p.recvs.front().want.length) +
+                                                 " bytes from it") +
+                          " (did the ranks issue different operations?)");
+    }
+    fail_peer(peer, e.what());
+  }
+  tune_loopback_stream(p.out.get());
+  link(peer);
 }
 
 }  // namespace chorus::transport::tcp

@@ -1,4 +1,4 @@
-// One peer's streams: the two one-way sockets this rank shares with another rank (`out`
+// One peer's streams: the two one-way sockets this rank may share with another rank (`out`
 // carries this rank's frames to it, `in` its frames here) and the sends and receives
 // queued on each. Plain state: TcpTransport (tcp_transport_impl.h) drives it, posting
 // and moving frames in stream.cc and explaining failures in diagnosis.cc.
@@ -32,11 +32,19 @@ struct RecvEntry {
 // once makes each side's sends queue behind the other's on the socket lock (the kernel
 // defers the arriving segments to the lock owner's backlog): on loopback a 1 MiB
 // exchange took 1.5x as long as over two one-way sockets.
+//
+// Both are opened by use (mesh.cc): `out` when this rank first sends to the peer, `in`
+// when the peer first sends here (the acceptor hands it over). A peer this rank never
+// exchanges with costs no socket.
 struct Peer {
   net::Fd out;  // written only by this rank; the peer never writes to it
   net::Fd in;   // read only by this rank
   std::string host;
-  std::string address;
+  std::string address;  // "ip:port", where it listens
+  std::string ip;
+  uint16_t port = 0;
+  bool listed = false;  // in TcpTransport::active_ (sends or receives posted)
+  bool linked = false;  // in TcpTransport::linked_ (`out` or `in` open)
   std::deque<SendEntry> sends;
   std::deque<RecvEntry> recvs;
   uint64_t sends_posted = 0, sends_done = 0;

@@ -69,6 +69,7 @@ void TcpTransport::begin(const OpInfo& op) {
 
 Request TcpTransport::isend(int peer, const void* data, size_t len) {
   Peer& p = peers_[peer];
+  activate(peer);  // a stream not open yet is connected by the wait (progress_sends)
   SendEntry e;
   e.header.kind = static_cast<uint8_t>(op_.kind);
   e.header.op = op_.code;
@@ -82,6 +83,7 @@ Request TcpTransport::isend(int peer, const void* data, size_t len) {
 
 Request TcpTransport::irecv_message(int peer, void* data, size_t len, const Signature& sig) {
   Peer& p = peers_[peer];
+  activate(peer);
   RecvEntry e;
   e.want.kind = static_cast<uint8_t>(op_.kind);
   e.want.op = op_.code;
@@ -95,6 +97,10 @@ Request TcpTransport::irecv_message(int peer, void* data, size_t len, const Sign
 
 bool TcpTransport::peek_message(int peer, FrameHeader& h, bool* later) {
   Peer& p = peers_[peer];
+  if (!p.in.valid()) {
+    adopt_arrivals();
+    if (!p.in.valid()) return false;  // it has not connected yet: nothing from it
+  }
   while (true) {
     if (p.said_goodbye) return false;
     ssize_t n = ::recv(p.in.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
@@ -177,9 +183,12 @@ Arrival TcpTransport::probe(const std::vector<int>& peers, Clock::time_point unt
       continue;
     }
     fds.assign(1, pollfd{wakeup_.get(), POLLIN, 0});
+    if (acceptor_) fds.push_back({acceptor_->ready_fd(), POLLIN, 0});
     for (size_t k = 0; k < peers.size(); ++k) {
       const Peer& p = peers_[peers[k]];
-      if (!p.said_goodbye && !later[k]) fds.push_back({p.in.get(), POLLIN | POLLRDHUP, 0});
+      if (!p.said_goodbye && !later[k] && p.in.valid()) {
+        fds.push_back({p.in.get(), POLLIN | POLLRDHUP, 0});
+      }
     }
     int timeout = op_.deadline.remaining_ms(kPollSliceMs);
     if (until != Clock::time_point::max()) {
@@ -216,17 +225,28 @@ bool TcpTransport::drive_until(Pred pred, Clock::time_point until) {
 }
 
 bool TcpTransport::progress_all() {
+  adopt_arrivals();
   bool moved = false;
-  for (int i = 0; i < size_; ++i) {
-    if (i == rank_) continue;
-    if (!peers_[i].sends.empty()) moved |= progress_sends(i);
-    if (!peers_[i].recvs.empty()) moved |= progress_recvs(i);
+  for (size_t k = 0; k < active_.size();) {
+    const int i = active_[k];
+    Peer& p = peers_[i];
+    if (!p.sends.empty()) moved |= progress_sends(i);
+    if (!p.recvs.empty()) moved |= progress_recvs(i);
+    if (p.sends.empty() && p.recvs.empty()) {
+      // Idle: out of the list (the order of the others does not matter).
+      p.listed = false;
+      active_[k] = active_.back();
+      active_.pop_back();
+    } else {
+      ++k;
+    }
   }
   return moved;
 }
 
 bool TcpTransport::progress_sends(int peer) {
   Peer& p = peers_[peer];
+  if (!p.out.valid()) connect_out(peer, op_.deadline);
   bool moved = false;
   while (!p.sends.empty()) {
     iovec iov[kMaxIov];
@@ -276,6 +296,7 @@ bool TcpTransport::progress_sends(int peer) {
 
 bool TcpTransport::progress_recvs(int peer) {
   Peer& p = peers_[peer];
+  if (!p.in.valid()) return false;  // it has not connected yet (adopt_arrivals)
   bool moved = false;
   while (!p.recvs.empty()) {
     RecvEntry& e = p.recvs.front();
@@ -364,14 +385,19 @@ void TcpTransport::poll_once(Clock::time_point until) {
   // Up to two entries per peer: `out` while sends are pending, `in` while receives are
   // pending or its closing (or, suspecting, its first frame) is watched. who[k] is the
   // peer, negative (-1) for the wake-up fd.
+  // Only peers with a stream open can show anything; the acceptor's mailbox (-2) shows
+  // a peer connecting.
   std::vector<pollfd> fds;
   std::vector<int> who;
-  fds.reserve(2 * size_ + 1);
+  fds.reserve(2 * linked_.size() + 2);
   fds.push_back({wakeup_.get(), POLLIN, 0});
   who.push_back(-1);
-  for (int i = 0; i < size_; ++i) {
+  if (acceptor_) {
+    fds.push_back({acceptor_->ready_fd(), POLLIN, 0});
+    who.push_back(-2);
+  }
+  for (int i : linked_) {
     Peer& p = peers_[i];
-    if (i == rank_) continue;
     if (!p.sends.empty() && p.out.valid()) {
       fds.push_back({p.out.get(), POLLOUT, 0});
       who.push_back(i);
@@ -403,6 +429,10 @@ void TcpTransport::poll_once(Clock::time_point until) {
     int i = who[k];
     short re = fds[k].revents;
     if (re == 0) continue;
+    if (i == -2) {
+      adopt_arrivals();
+      continue;
+    }
     if (i < 0) {
       check_interrupt();
       continue;
@@ -422,6 +452,27 @@ void TcpTransport::poll_once(Clock::time_point until) {
 }
 
 void TcpTransport::send_control(FrameKind kind, const std::string& text) {
+  try {
+    adopt_arrivals();  // streams that came in meanwhile are closed like the others
+  } catch (const Error&) {
+  }
+  if (kind == FrameKind::kAbort) {
+    // The peers that may wait for this rank without a stream from it (connections by
+    // use): those that sent here, and those this operation exchanges with. They get a
+    // stream now, to read the reason on; a peer that is gone or slow is skipped.
+    const Deadline connecting(std::chrono::milliseconds(500));
+    std::vector<int> waiting = active_;
+    for (int i : linked_) {
+      if (peers_[i].in.valid()) waiting.push_back(i);
+    }
+    for (int i : waiting) {
+      if (peers_[i].out.valid() || connecting.expired()) continue;
+      try {
+        connect_out(i, connecting);
+      } catch (const Error&) {
+      }
+    }
+  }
   std::string body = text.substr(0, kMaxControlPayload);
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
@@ -429,9 +480,9 @@ void TcpTransport::send_control(FrameKind kind, const std::string& text) {
   // Best effort within a short, shared deadline: a peer that does not read must not
   // delay this rank's failure report.
   const Deadline deadline(std::chrono::milliseconds(300));
-  for (int i = 0; i < size_; ++i) {
+  for (int i : linked_) {
     Peer& p = peers_[i];
-    if (i == rank_ || !p.out.valid()) continue;
+    if (!p.out.valid()) continue;
     try {
       // A half-written frame is finished first (its buffer belongs to the operation
       // that is failing now, so it is still valid); otherwise the peer could not find
@@ -466,8 +517,7 @@ void TcpTransport::send_control(FrameKind kind, const std::string& text) {
   const Deadline linger(std::chrono::milliseconds(500));
   std::vector<pollfd> open;
   std::vector<int> owner;
-  for (int i = 0; i < size_; ++i) {
-    if (i == rank_) continue;
+  for (int i : linked_) {
     peers_[i].out.reset();
     if (!peers_[i].in.valid()) continue;
     open.push_back(pollfd{peers_[i].in.get(), POLLIN, 0});
@@ -499,12 +549,16 @@ void TcpTransport::send_control(FrameKind kind, const std::string& text) {
 void TcpTransport::abort(const std::string& reason) {
   if (closed_) return;
   closed_ = true;
+  // The peers with a stream from this rank read the reason on it; one that connects
+  // later (it waits for this rank) reads it in the refusal, while this transport lives.
+  if (acceptor_) acceptor_->refuse_all(kAbortedRefusal + reason);
   send_control(FrameKind::kAbort, reason);
 }
 
 void TcpTransport::close() {
   if (closed_) return;
   closed_ = true;
+  if (acceptor_) acceptor_->refuse_all(kClosedRefusal);
   send_control(FrameKind::kGoodbye, "");
 }
 

@@ -1,9 +1,11 @@
-// The TCP transport: a full mesh of non-blocking sockets, two per pair of ranks (one
-// per direction), set up through addresses published in the store.
+// The TCP transport: non-blocking sockets, one per direction between two ranks that
+// exchange data, each opened when it is first used (mesh.cc), to addresses gathered
+// through the store at creation (roster.h).
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "chorus/store.h"
 #include "comm/common/deadline.h"
@@ -19,6 +21,7 @@ struct TcpOptions {
   std::string listen_address;  // IP to listen on and publish
   std::string comm_id;         // checked in the handshake
   std::string token;           // job token, proven (never sent) in the handshake
+  std::string node_id;         // this rank's node (topology.h local_node_id), in the roster
   std::chrono::milliseconds connect_timeout{kDefaultConnectTimeout};
   // Addresses whose connections this rank accepts. Null: every address. The
   // communicator passes the one of CommOptions::allowlist_file.
@@ -28,19 +31,21 @@ struct TcpOptions {
 // Defined in mesh.cc; the transport it returns is TcpTransport (tcp_transport_impl.h).
 //
 // Collective: every rank of the group calls it with the same store (already scoped to
-// the communicator) and options. Returns once this rank is connected to every other.
-// Throws TimeoutError naming the ranks that never published or connected, PeerError
-// when a peer refuses the handshake (naming the field, or the job token), ConfigError
-// for a bad allow-list, for a world size that differs between ranks (every rank fails
-// at once, naming both sizes and their ranks) and, before anything is published, for
-// a world size RLIMIT_NOFILE cannot hold (2 descriptors per peer, and up to
-// kMaxUnauthenticated more during start-up; the soft limit is raised to the hard one
-// where that is enough). Connections from addresses the allow-list does not name, and
-// ones that fail the handshake or stay silent past theirs, are closed and logged with
-// their address; this rank accepts, all connections at once (acceptor.h), from
-// before it publishes its address until every other rank has connected to it.
+// the communicator) and options. Returns once every rank's address is known
+// (exchange_roster, roster.h), with no connection open: a rank connects to a peer when
+// it first sends to it, authenticated by the same handshake, and accepts the peer's
+// connections from before it publishes its address until the transport closes
+// (acceptor.h). `nodes`, when given, receives every rank's node id, in rank order.
+// Throws TimeoutError naming the ranks that never published, ConfigError for a bad
+// allow-list, for a world size that differs between ranks (every rank fails at once,
+// naming both sizes and their ranks) and, before anything is published, for a
+// descriptor limit that cannot hold the streams of 64 peers (the soft limit is raised
+// towards what every peer would take, up to the hard one). Connections from addresses
+// the allow-list does not name, and ones that fail the handshake or stay silent past
+// theirs, are closed and logged with their address.
 std::unique_ptr<Transport> connect_mesh(Store& store, int rank, int size,
-                                        const TcpOptions& options);
+                                        const TcpOptions& options,
+                                        std::vector<std::string>* nodes = nullptr);
 
 // Defined in mesh.cc, which calls it on every rank's sending stream (`out`, peer.h).
 // Sets a connected socket whose peer is on this host (net::same_host) up for the

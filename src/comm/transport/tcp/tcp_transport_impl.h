@@ -16,12 +16,16 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "chorus/defaults.h"
 #include "chorus/error.h"
+#include "comm/common/deadline.h"
 #include "comm/common/socket.h"
+#include "comm/transport/tcp/acceptor.h"
 #include "comm/transport/tcp/frame.h"
 #include "comm/transport/tcp/peer.h"
 #include "comm/transport/call_history.h"
@@ -36,14 +40,25 @@ using Clock = std::chrono::steady_clock;
 // a later call) waits for frames from other peers that name the disagreement.
 constexpr auto kExplainWithin = std::chrono::milliseconds(200);
 
+// What a rank needs to open a connection to a peer on first use.
+struct ConnectSettings {
+  std::string comm_id;
+  std::string token;
+  std::chrono::milliseconds connect_timeout{kDefaultConnectTimeout};
+};
+
 class TcpTransport final : public StreamTransport<TcpTransport> {
  public:
-  TcpTransport(int rank, int size, std::vector<Peer> peers)
-      : rank_(rank), size_(size), peers_(std::move(peers)),
-        wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  // `peers` hold their addresses and hosts, no sockets yet; `acceptor` accepts theirs.
+  TcpTransport(int rank, int size, std::vector<Peer> peers, std::unique_ptr<Acceptor> acceptor,
+               ConnectSettings settings)
+      : rank_(rank), size_(size), peers_(std::move(peers)), acceptor_(std::move(acceptor)),
+        settings_(std::move(settings)), wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
     if (!wakeup_.valid()) net::throw_errno("eventfd", errno);
   }
   ~TcpTransport() override { close(); }
+  // The sockets this rank holds to its peers now (`out` and `in` streams).
+  int open_streams() const;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -65,6 +80,30 @@ class TcpTransport final : public StreamTransport<TcpTransport> {
   friend class StreamTransport<TcpTransport>;
   const Peer& stream_of(int peer) const { return peers_[peer]; }
   const std::vector<Peer>& streams() const { return peers_; }
+
+  // ---- mesh.cc: connections by use ----
+  // Opens `out` to `peer` when it is not open: connects, proves the job token
+  // (handshake.h) and sets a stream within this host up for loopback. Throws naming the
+  // operation, both ranks and the peer's address when the peer cannot be reached
+  // (refused: it died or left), refuses, or does not answer by `deadline`.
+  void connect_out(int peer, const Deadline& deadline);
+  // Takes the connections the acceptor has authenticated since the last call.
+  void adopt_arrivals() {
+    if (acceptor_ && acceptor_->delivered() != adopted_) adopt_arrivals_slow();
+  }
+  void adopt_arrivals_slow();
+  void link(int peer) {
+    if (!peers_[peer].linked) {
+      peers_[peer].linked = true;
+      linked_.push_back(peer);
+    }
+  }
+  void activate(int peer) {
+    if (!peers_[peer].listed) {
+      peers_[peer].listed = true;
+      active_.push_back(peer);
+    }
+  }
 
   // ---- stream.cc ----
   void check_interrupt();
@@ -126,6 +165,12 @@ class TcpTransport final : public StreamTransport<TcpTransport> {
 
   int rank_, size_;
   std::vector<Peer> peers_;
+  // The peers with sends or receives posted (a peer leaves when both queues are empty),
+  // and those with a stream open: what the driving loops look at, instead of every rank.
+  std::vector<int> active_, linked_;
+  std::unique_ptr<Acceptor> acceptor_;
+  uint64_t adopted_ = 0;  // connections taken from the acceptor
+  ConnectSettings settings_;
   OpInfo op_;
   uint64_t serial_ = 0;  // operations begun, this one included
   CallHistory calls_;
