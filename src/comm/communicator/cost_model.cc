@@ -62,6 +62,50 @@ double best_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams&
   return std::min({rd_allreduce(ranks, n, p), hd_allreduce(ranks, n, p), ring_allreduce(ranks, n, s, p)});
 }
 
+// ---- reduce_scatter over tcp among `ranks`, n = the whole input
+// The ring: N - 1 steps of one block each, its reductions pipelined as the
+// allreduce's.
+double ring_reduce_scatter(int ranks, double n, const Shape& s, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  double part = static_cast<double>(ranks - 1) / ranks * n;
+  return (ranks - 1) * l.alpha_us + part * l.us_per_byte +
+         reduce_us(p, std::min(part, static_cast<double>(s.segment_bytes)));
+}
+
+// Recursive halving (reduce_scatter_halving.cc): log2 of the largest power of two P
+// below N exchanges, of half the remaining data each ((P - 1) / P of it in all, each
+// reduced), plus, where N is not a power of two, the fold (the whole input to a
+// partner, reduced) and the folded rank's block sent back.
+double hd_reduce_scatter(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  const int steps = floor_log2(ranks), pow2 = 1 << steps;
+  const bool folded = pow2 != ranks;
+  Link l = tcp(p);
+  const double part = static_cast<double>(pow2 - 1) / pow2 * n;
+  return steps * l.alpha_us + part * l.us_per_byte + reduce_us(p, part) +
+         (folded ? l.time(n) + reduce_us(p, n) + l.time(n / ranks) : 0);
+}
+
+// ---- gather and scatter among `ranks`, n = one rank's block
+// Direct: the root posts N - 1 messages and pays each one's latency (the model's alpha
+// is mostly the per-message work of a rank), and carries every other block.
+double direct_root(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  return (ranks - 1) * l.alpha_us + (ranks - 1) * n * l.us_per_byte;
+}
+
+// Binomial tree (gather_binomial.cc, scatter_binomial.cc): ceil(log2 N) rounds on the
+// critical path; the root still carries every other block (N - 1 of them, half in its
+// first message), and it copies the whole buffer once to or from rank order.
+double binomial_root(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  return std::ceil(std::log2(ranks)) * l.alpha_us + (ranks - 1) * n * l.us_per_byte +
+         shm_copy_us(p, ranks * n);
+}
+
 double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
 
 // Direct shared memory: copy in; small chunks (Tuning::whole_bytes) every rank reduces
@@ -170,6 +214,7 @@ constexpr TuningKey kTuningKeys[] = {
     {"hier_chunk_bytes", &algorithms::Tuning::hier_chunk_bytes, 1},
     {"hier_max_chunks", &algorithms::Tuning::hier_max_chunks, 1},
     {"tree_limit_bytes", &algorithms::Tuning::tree_limit_bytes, 0},
+    {"tree_limit_max_ranks", &algorithms::Tuning::tree_limit_max_ranks, 1},
     {"pair_rd_max_bytes", &algorithms::Tuning::pair_rd_max_bytes, 0},
     {"inline_bytes", &algorithms::Tuning::inline_bytes, 0},
     {"inline_polls", &algorithms::Tuning::inline_polls, 0},
@@ -313,6 +358,47 @@ double allgather_hier(double n, const Shape& s, const CostParams& p) {
   if (!s.hierarchical) return kNever;
   return (s.shm ? shm_allgather(n / s.nodes, s, p) : tcp_allgather(s.local_size, n / s.nodes, p)) +
          tcp_allgather(s.nodes, n, p);
+}
+
+// Reduce: the binomial tree, ceil(log2 N) rounds of the whole buffer, each reduced; the
+// ring (reduce_ring.cc): the ring's reduce-scatter, then every rank sends its block to
+// the root.
+double reduce_tree(double n, const Shape& s, const CostParams& p) {
+  return s.size < 2 ? 0 : std::ceil(std::log2(s.size)) * (tcp(p).time(n) + reduce_us(p, n));
+}
+double reduce_ring(double n, const Shape& s, const CostParams& p) {
+  return s.size < 2 ? 0 : ring_reduce_scatter(s.size, n, s, p) + direct_root(s.size, n / s.size, p);
+}
+
+double reduce_scatter_ring(double n, const Shape& s, const CostParams& p) {
+  return ring_reduce_scatter(s.size, n, s, p);
+}
+double reduce_scatter_hd(double n, const Shape& s, const CostParams& p) { return hd_reduce_scatter(s.size, n, p); }
+
+double gather_direct(double n, const Shape& s, const CostParams& p) { return direct_root(s.size, n, p); }
+double gather_tree(double n, const Shape& s, const CostParams& p) { return binomial_root(s.size, n, p); }
+double scatter_direct(double n, const Shape& s, const CostParams& p) { return direct_root(s.size, n, p); }
+double scatter_tree(double n, const Shape& s, const CostParams& p) { return binomial_root(s.size, n, p); }
+
+// Pairwise alltoall (n = one rank's whole buffer): every rank posts N - 1 messages (the
+// same per-message latency as the direct gather's root) of a block each.
+double alltoall_pairwise(double n, const Shape& s, const CostParams& p) {
+  return direct_root(s.size, n / std::max(1, s.size), p);
+}
+
+// Dissemination: ceil(log2 N) rounds of an empty message.
+double barrier_dissemination(double, const Shape& s, const CostParams& p) {
+  return s.size < 2 ? 0 : std::ceil(std::log2(s.size)) * p.tcp_alpha_us;
+}
+
+Algorithm cheapest_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
+  const double rd = rd_allreduce(ranks, n, p), hd = hd_allreduce(ranks, n, p), ring = ring_allreduce(ranks, n, s, p);
+  if (rd <= hd && rd <= ring) return Algorithm::kRecursiveDoubling;
+  return hd <= ring ? Algorithm::kHalvingDoubling : Algorithm::kRing;
+}
+
+bool tree_broadcast_faster(int ranks, double n, const Shape& s, const CostParams& p) {
+  return tree_broadcast(ranks, n, p) < chain_broadcast(ranks, n, s, p);
 }
 
 }  // namespace cost

@@ -45,8 +45,9 @@ struct Shape {
   size_t segment_bytes = kDefaultSegmentBytes;  // pipelining unit of the tcp rings and chains
 };
 
-// Predicted microseconds of `collective` on `bytes` (for allgather: the whole result;
-// reduce_scatter: the whole input) with `algorithm`: the formula of its row in the
+// Predicted microseconds of `collective` on `bytes` (Call::bytes: for allgather and
+// alltoall the whole result; reduce_scatter: the whole input; gather and scatter: one
+// rank's block) with `algorithm`: the formula of its row in the
 // algorithm table (algorithm_table.h); infinity where the row has none or the shape
 // cannot run it. Defined with the table (algorithm_table.cc).
 double predicted_us(Collective collective, Algorithm algorithm, size_t bytes, const Shape& shape,
@@ -83,6 +84,25 @@ double allgather_ring(double n, const Shape& s, const CostParams& p);
 double allgather_bruck(double n, const Shape& s, const CostParams& p);
 double allgather_shm(double n, const Shape& s, const CostParams& p);
 double allgather_hier(double n, const Shape& s, const CostParams& p);
+double reduce_tree(double n, const Shape& s, const CostParams& p);
+double reduce_ring(double n, const Shape& s, const CostParams& p);
+double reduce_scatter_ring(double n, const Shape& s, const CostParams& p);
+double reduce_scatter_hd(double n, const Shape& s, const CostParams& p);
+double gather_direct(double n, const Shape& s, const CostParams& p);
+double gather_tree(double n, const Shape& s, const CostParams& p);
+double scatter_direct(double n, const Shape& s, const CostParams& p);
+double scatter_tree(double n, const Shape& s, const CostParams& p);
+double alltoall_pairwise(double n, const Shape& s, const CostParams& p);
+double barrier_dissemination(double n, const Shape& s, const CostParams& p);
+
+// The allreduce among `ranks` over tcp (recursive doubling, halving-doubling, ring) on
+// `n` bytes that the model predicts fastest: what a hierarchical call runs between its
+// nodes (plan.cc, hierarchical_choice()), and what allreduce_hier counts for it. Ties
+// go to the first of rd, hd, ring.
+Algorithm cheapest_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams& p);
+// Whether the binomial tree is predicted faster than the pipelined chain, for a
+// broadcast among `ranks` on `n` bytes.
+bool tree_broadcast_faster(int ranks, double n, const Shape& s, const CostParams& p);
 }  // namespace cost
 
 }  // namespace chorus::communicator
