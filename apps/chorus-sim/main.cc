@@ -94,6 +94,21 @@ Algorithm reduce(RootedReduceFn fn) {
           }};
 }
 
+// Gather to root 0 (its output only on the root), scatter from root 0.
+Algorithm gather(RootedReduceFn fn) {
+  return {"gather", 1, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count * env.size() : 0);
+            fn(env.begin("gather", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
+          }};
+}
+
+Algorithm scatter(RootedReduceFn fn) {
+  return {"scatter", 1, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> in = block(env.rank() == 0 ? c.count * env.size() : 0), out = block(c.count);
+            fn(env.begin("scatter", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
+          }};
+}
+
 const std::map<std::string, Algorithm>& algorithms_table() {
   static const std::map<std::string, Algorithm> table = {
       {"allreduce:ring", allreduce(alg::allreduce_ring)},
@@ -104,6 +119,11 @@ const std::map<std::string, Algorithm>& algorithms_table() {
          std::vector<float> in = block(c.count * env.size()), out = block(c.count);
          alg::reduce_scatter_ring(env.begin("reduce_scatter", kType, true, ReduceOp::kSum, c.count, -1, c.segment),
                                   in.data(), out.data(), c.count);
+       }}},
+      {"reduce_scatter:halving", {"reduce_scatter", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> in = block(c.count * env.size()), out = block(c.count);
+         alg::reduce_scatter_halving(env.begin("reduce_scatter", kType, true, ReduceOp::kSum, c.count), in.data(),
+                                     out.data(), c.count);
        }}},
       {"allgather:ring", {"allgather", 1, [](RankEnv& env, const Case& c) {
          const size_t n = env.size();
@@ -120,14 +140,10 @@ const std::map<std::string, Algorithm>& algorithms_table() {
       {"broadcast:chain", broadcast(alg::broadcast_chain)},
       {"reduce:binomial", reduce(alg::reduce_binomial)},
       {"reduce:ring", reduce(alg::reduce_ring)},
-      {"gather:direct", {"gather", 1, [](RankEnv& env, const Case& c) {
-         std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count * env.size() : 0);
-         alg::gather_direct(env.begin("gather", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
-       }}},
-      {"scatter:direct", {"scatter", 1, [](RankEnv& env, const Case& c) {
-         std::vector<float> in = block(env.rank() == 0 ? c.count * env.size() : 0), out = block(c.count);
-         alg::scatter_direct(env.begin("scatter", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
-       }}},
+      {"gather:direct", gather(alg::gather_direct)},
+      {"gather:binomial", gather(alg::gather_binomial)},
+      {"scatter:direct", scatter(alg::scatter_direct)},
+      {"scatter:binomial", scatter(alg::scatter_binomial)},
       {"alltoall:pairwise", {"alltoall", 1, [](RankEnv& env, const Case& c) {
          const size_t n = env.size();
          auto [counts, displs] = even_blocks(n, c.count);
@@ -159,7 +175,7 @@ Args parse(int argc, char** argv) {
   app.set_version_flag("--version", std::string("chorus-sim ") + CHORUS_VERSION);
   app.add_option("-o,--collective", o.collective, "allreduce, reduce_scatter, allgather, broadcast, "
                  "reduce, gather, scatter, alltoall, barrier");
-  app.add_option("-a,--algorithm", o.algorithm, "ring, recursive_doubling, halving_doubling, binomial, "
+  app.add_option("-a,--algorithm", o.algorithm, "ring, recursive_doubling, halving_doubling, halving, binomial, "
                  "chain, bruck, direct, pairwise, dissemination, hierarchical (which exist for the collective)");
   app.add_option("-n,--ranks", o.ranks, "simulated ranks")->check(CLI::Range(1, 1 << 16));
   app.add_option("--ranks-per-node", o.ranks_per_node, "consecutive ranks per node")->check(CLI::Range(1, 1 << 16));
