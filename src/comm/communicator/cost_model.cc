@@ -106,6 +106,18 @@ double binomial_root(int ranks, double n, const CostParams& p) {
          shm_copy_us(p, ranks * n);
 }
 
+// Where every rank of a node sends to another node in the same step (recursive
+// doubling and halving, Bruck, the exchanges between nodes of the hierarchical calls),
+// the node's ranks share its one link: each gets a local_size-th of tcp_gbps. The
+// ring's step crosses between nodes once per node and keeps the whole link. Only on
+// uniform shapes (s.hierarchical): elsewhere local_size is this rank's node's, which
+// differs between ranks, and every rank must predict the same.
+CostParams shared_link(const Shape& s, const CostParams& p) {
+  CostParams q = p;
+  if (s.hierarchical) q.tcp_gbps = p.tcp_gbps / std::max(1, s.local_size);
+  return q;
+}
+
 double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
 
 // Direct shared memory: copy in; small chunks (Tuning::whole_bytes) every rank reduces
@@ -139,10 +151,21 @@ double shm_allgather(double n, const Shape& s, const CostParams& p) {
   return chunks(n / s.local_size, s) * p.shm_alpha_us + shm_copy_us(p, n);
 }
 
+// The node phases of a hierarchical allreduce on n bytes: the segment's reduce-scatter
+// and allgather, or the ring among the node's ranks.
+double intra_allreduce(double n, const Shape& s, const CostParams& p) {
+  return s.shm ? shm_reduce_scatter(n, s, p) + shm_allgather(n, s, p) : ring_allreduce(s.local_size, n, s, p);
+}
+
+// The pipelining chunk of a hierarchical allreduce on n bytes (plan.cc, in elements
+// there): hier_chunk_bytes, larger where there would be more than hier_max_chunks.
+double hier_chunk(double n, const CostParams& p) {
+  return std::max(static_cast<double>(p.tuning.hier_chunk_bytes),
+                  n / static_cast<double>(std::max<size_t>(1, p.tuning.hier_max_chunks)));
+}
+
 double hier_allreduce(double n, const Shape& s, const CostParams& p) {
-  double intra = s.shm ? shm_reduce_scatter(n, s, p) + shm_allgather(n, s, p)
-                       : ring_allreduce(s.local_size, n, s, p);
-  return intra + best_tcp_allreduce(s.nodes, n / s.local_size, s, p);
+  return cost::hierarchical_plan(n, hier_chunk(n, p), s, p).us;
 }
 
 // ---- broadcast over tcp: binomial tree, or pipelined chain
@@ -325,8 +348,8 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 bool one_node_shm(const Shape& s) { return s.shm && s.nodes == 1; }
 }  // namespace
 
-double allreduce_rd(double n, const Shape& s, const CostParams& p) { return rd_allreduce(s.size, n, p); }
-double allreduce_hd(double n, const Shape& s, const CostParams& p) { return hd_allreduce(s.size, n, p); }
+double allreduce_rd(double n, const Shape& s, const CostParams& p) { return rd_allreduce(s.size, n, shared_link(s, p)); }
+double allreduce_hd(double n, const Shape& s, const CostParams& p) { return hd_allreduce(s.size, n, shared_link(s, p)); }
 double allreduce_ring(double n, const Shape& s, const CostParams& p) { return ring_allreduce(s.size, n, s, p); }
 double allreduce_shm(double n, const Shape& s, const CostParams& p) {
   return one_node_shm(s) ? shm_allreduce(s.size, n, s, p) : kNever;
@@ -350,14 +373,19 @@ double broadcast_hier(double n, const Shape& s, const CostParams& p) {
 }
 
 double allgather_ring(double n, const Shape& s, const CostParams& p) { return tcp_allgather(s.size, n, p); }
-double allgather_bruck(double n, const Shape& s, const CostParams& p) { return bruck_allgather(s.size, n, p); }
+double allgather_bruck(double n, const Shape& s, const CostParams& p) {
+  return bruck_allgather(s.size, n, shared_link(s, p));
+}
 double allgather_shm(double n, const Shape& s, const CostParams& p) {
   return one_node_shm(s) ? shm_allgather(n, s, p) : kNever;
 }
+// Every rank of a node gathers the whole result across nodes (the ring among the
+// ranks of its local rank, on the nodes' packs), all of them at once through the
+// node's link.
 double allgather_hier(double n, const Shape& s, const CostParams& p) {
   if (!s.hierarchical) return kNever;
   return (s.shm ? shm_allgather(n / s.nodes, s, p) : tcp_allgather(s.local_size, n / s.nodes, p)) +
-         tcp_allgather(s.nodes, n, p);
+         tcp_allgather(s.nodes, n, shared_link(s, p));
 }
 
 // Reduce: the binomial tree, ceil(log2 N) rounds of the whole buffer, each reduced; the
@@ -373,7 +401,9 @@ double reduce_ring(double n, const Shape& s, const CostParams& p) {
 double reduce_scatter_ring(double n, const Shape& s, const CostParams& p) {
   return ring_reduce_scatter(s.size, n, s, p);
 }
-double reduce_scatter_hd(double n, const Shape& s, const CostParams& p) { return hd_reduce_scatter(s.size, n, p); }
+double reduce_scatter_hd(double n, const Shape& s, const CostParams& p) {
+  return hd_reduce_scatter(s.size, n, shared_link(s, p));
+}
 
 double gather_direct(double n, const Shape& s, const CostParams& p) { return direct_root(s.size, n, p); }
 double gather_tree(double n, const Shape& s, const CostParams& p) { return binomial_root(s.size, n, p); }
@@ -397,8 +427,27 @@ Algorithm cheapest_tcp_allreduce(int ranks, double n, const Shape& s, const Cost
   return hd <= ring ? Algorithm::kHalvingDoubling : Algorithm::kRing;
 }
 
-bool tree_broadcast_faster(int ranks, double n, const Shape& s, const CostParams& p) {
-  return tree_broadcast(ranks, n, p) < chain_broadcast(ranks, n, s, p);
+HierarchicalPlan hierarchical_plan(double n, double chunk, const Shape& s, const CostParams& p) {
+  // The node's ranks cross at once, each with its block, through the node's one link.
+  const int local = std::max(1, s.local_size), nodes = s.nodes;
+  const CostParams link = shared_link(s, p);
+  const double block = n / local;
+  HierarchicalPlan plan;
+  plan.cross = cheapest_tcp_allreduce(nodes, block, s, link);
+  plan.us = intra_allreduce(n, s, p) + best_tcp_allreduce(nodes, block, s, link);
+  if (nodes < 2 || local < 2 || !(chunk > 0) || n <= chunk) return plan;
+  // Pipelined (hierarchical.cc: allreduce_pipelined): every chunk pays its node phases,
+  // which overlap the ring between nodes, except the first chunk's reduce-scatter and
+  // the last one's allgather (about one chunk's node phases); the ring moves its bytes
+  // once and pays a latency per chunk and per step.
+  const double chunks = std::ceil(n / chunk);
+  const double part = static_cast<double>(nodes - 1) / nodes * block;
+  const double ring = 2 * part * (1e-3 / link.tcp_gbps) + reduce_us(p, part) +
+                      (chunks + 2 * (nodes - 1)) * p.tcp_alpha_us;
+  const double node_phases = intra_allreduce(chunk, s, p);
+  const double pipelined = std::max(chunks * node_phases, ring) + node_phases;
+  if (pipelined < plan.us) plan = {Algorithm::kRing, true, pipelined};
+  return plan;
 }
 
 }  // namespace cost

@@ -159,12 +159,10 @@ CrossFn allreduce_fn(Algorithm a) {
   }
 }
 
-// The allreduce between `nodes` nodes on `block_bytes` each: on two nodes the measured
-// cut-offs (Tuning::hier_allreduce_*), on more the model's cheapest.
-Algorithm cross_allreduce(const CostParams& p, const Shape& shape, int nodes, size_t block_bytes) {
-  const algorithms::Tuning& t = p.tuning;
-  if (nodes > 2) return cost::cheapest_tcp_allreduce(nodes, static_cast<double>(block_bytes), shape, p);
-  if (nodes <= 1 || block_bytes <= t.hier_allreduce_small_bytes) return Algorithm::kRecursiveDoubling;
+// The allreduce between two nodes on `block_bytes` each: the measured cut-offs
+// (Tuning::hier_allreduce_*).
+Algorithm measured_cross(const algorithms::Tuning& t, size_t block_bytes) {
+  if (block_bytes <= t.hier_allreduce_small_bytes) return Algorithm::kRecursiveDoubling;
   return block_bytes <= t.hier_allreduce_halving_bytes ? Algorithm::kHalvingDoubling : Algorithm::kRing;
 }
 
@@ -175,51 +173,58 @@ algorithms::HierarchicalChoice hierarchical_choice(const CostParams& p, const Sh
   const algorithms::Tuning& t = p.tuning;
   algorithms::HierarchicalChoice how;
   const size_t bytes = count * elem;
-  // Between nodes, the ranks with this rank's local rank reduce its block of the node's
-  // reduce-scatter (one size across the group).
   const int nodes = topology.nodes, local = std::max(1, topology.local_size);
-  const size_t block_bytes = block_count(count, local, topology.local_rank) * elem;
-  how.cross_allreduce = allreduce_fn(cross_allreduce(p, shape, nodes, block_bytes));
   // The broadcast, between nodes and (without shared memory) inside them: on groups of
-  // the size hier_broadcast_small_bytes was measured on, by it; on larger ones, the tree
-  // where the model predicts it faster than the chain for both groups together.
-  const int inside = shape.shm ? 1 : local;
+  // the size hier_broadcast_small_bytes was measured on, by it; where either group is
+  // larger, the tree where the model predicts it faster than the chain on the larger.
+  const int group = std::max(nodes, local);
   const double n = static_cast<double>(bytes);
   bool tree = bytes <= t.hier_broadcast_small_bytes;
-  if (static_cast<size_t>(std::max(nodes, inside)) > t.tree_limit_max_ranks) {
-    tree = cost::broadcast_tree(n, Shape{.size = nodes}, p) + cost::broadcast_tree(n, Shape{.size = inside}, p) <
-           cost::broadcast_chain(n, Shape{.size = nodes, .segment_bytes = shape.segment_bytes}, p) +
-               cost::broadcast_chain(n, Shape{.size = inside, .segment_bytes = shape.segment_bytes}, p);
+  if (static_cast<size_t>(group) > t.tree_limit_max_ranks) {
+    tree = cost::broadcast_tree(n, Shape{.size = group}, p) <
+           cost::broadcast_chain(n, Shape{.size = group, .segment_bytes = shape.segment_bytes}, p);
   }
   how.broadcast = tree ? algorithms::broadcast_binomial : algorithms::broadcast_chain;
-  // Pipelined where there is something to overlap (work inside nodes and a link between
-  // them) and at least two chunks, and where the exchange between nodes is the ring
-  // (the pipeline's): on two nodes as measured, on more where the model prefers the
-  // ring for the largest block (the same on every rank), whose 2(nodes - 1) latencies
-  // the pipeline pays too. Large calls take larger chunks, at most hier_max_chunks of
-  // them: each chunk pays its node phases, which cost more than they hide where the
-  // link is fast (tuning.h).
+  // Pipelined chunks: hier_chunk_bytes, larger ones where there would be more than
+  // hier_max_chunks (each chunk pays its node phases, which cost more than they hide
+  // where the link is fast: tuning.h).
   const size_t max_chunks = std::max<size_t>(1, t.hier_max_chunks);
   const size_t chunk_count = std::max({size_t{1}, t.hier_chunk_bytes / std::max<size_t>(1, elem),
                                        count / max_chunks + (count % max_chunks != 0)});
-  const bool ring_between =
-      nodes == 2 || cross_allreduce(p, shape, nodes, block_count(count, local, 0) * elem) == Algorithm::kRing;
-  if (nodes > 1 && local > 1 && count > chunk_count && ring_between) how.chunk_count = chunk_count;
+  const bool can_pipeline = nodes > 1 && local > 1 && count > chunk_count;
+  if (nodes > 2) {
+    // By the model: the cheapest allreduce between nodes, or the ring pipelined with the
+    // node phases where that is faster; a function of the whole call, so the same on
+    // every rank.
+    const cost::HierarchicalPlan plan =
+        cost::hierarchical_plan(n, static_cast<double>(chunk_count * elem), shape, p);
+    how.cross_allreduce = allreduce_fn(plan.cross);
+    if (plan.pipelined && can_pipeline) how.chunk_count = chunk_count;
+    return how;
+  }
+  // One or two nodes, as measured there: the rank's block of the node's reduce-scatter
+  // (of one size among the ranks of a local rank, which reduce it together) by the
+  // hier_allreduce_* cut-offs, pipelined wherever there are chunks.
+  const size_t block_bytes = block_count(count, local, topology.local_rank) * elem;
+  how.cross_allreduce =
+      allreduce_fn(nodes <= 1 ? Algorithm::kRecursiveDoubling : measured_cross(t, block_bytes));
+  if (can_pipeline) how.chunk_count = chunk_count;
   return how;
+}
+
+Shape shape_of(const algorithms::Context& ctx) {
+  const Topology& t = ctx.topology;
+  return Shape{.size = ctx.size, .nodes = t.nodes, .local_size = t.local_size, .shm = ctx.node != nullptr,
+               .hierarchical = t.nodes > 1 && t.local_size > 1 && t.uniform(), .segment_bytes = ctx.segment_bytes};
 }
 
 namespace {
 
-// What the plan knows of a communicator, from an algorithm's context: its shape, and
-// the model's built-in parameters with the context's tuning table.
+// The choice with the model's built-in parameters and the context's tuning table.
 algorithms::HierarchicalChoice planned_choice(const algorithms::Context& ctx, size_t count) {
   CostParams p;
   p.tuning = ctx.tuning;
-  const Shape shape{.size = ctx.size, .nodes = ctx.topology.nodes, .local_size = ctx.topology.local_size,
-                    .shm = ctx.node != nullptr,
-                    .hierarchical = ctx.topology.nodes > 1 && ctx.topology.local_size > 1 && ctx.topology.uniform(),
-                    .segment_bytes = ctx.segment_bytes};
-  return hierarchical_choice(p, shape, ctx.topology, count, ctx.elem);
+  return hierarchical_choice(p, shape_of(ctx), ctx.topology, count, ctx.elem);
 }
 
 }  // namespace
@@ -246,7 +251,12 @@ Plan CommunicatorImpl::plan_for(Call& call) const {
     }
   }
   if (plan.entry->algorithm == Algorithm::kHierarchical) {
-    call.hierarchical = hierarchical_choice(cost_, shape_, topology_, call.count, call.elem);
+    // Every rank must choose alike: whether a node's ranks share a segment is this
+    // node's (its set-up may fail where another node's succeeded), what was asked for
+    // (CHORUS_TRANSPORT, like CHORUS_COST_MODEL the same for every rank) is the job's.
+    Shape asked = shape_;
+    asked.shm = options_.transport != TransportKind::kTcp;
+    call.hierarchical = hierarchical_choice(cost_, asked, topology_, call.count, call.elem);
   }
   if (plan.at_issue() != nullptr && starts_at_issue(plan, call)) plan.start = Start::kAtIssue;
   return plan;

@@ -72,11 +72,14 @@ std::vector<Algorithm> costed_rows(Collective c, bool hierarchical, bool shm);
 // - allreduces of more than hier_chunk_bytes pipelined in chunks of that size (at most
 //   hier_max_chunks of them), where the exchange between nodes is the ring: always on
 //   two nodes, on more where the model chooses the ring.
-// A function of the call, the shape and the topology only, so that every rank makes
-// the same choice (the allreduce between nodes the same among the ranks of one local
-// rank, which reduce blocks of one size).
+// A function of the call, the shape and the topology only, so that every rank given
+// the same shape makes the same choice (the allreduce between nodes the same among the
+// ranks of one local rank, which reduce blocks of one size).
 algorithms::HierarchicalChoice hierarchical_choice(const CostParams& p, const Shape& shape, const Topology& topology,
                                                    size_t count, size_t elem);
+// The shape of ctx's group as the cost model sees it (its topology, whether its node
+// shares a segment, its pipelining segment).
+Shape shape_of(const algorithms::Context& ctx);
 // The hierarchical allreduce and broadcast with that choice, for ctx's tuning, topology
 // and shape and the model's built-in parameters: the algorithms as a communicator runs
 // them, for programs that run them without one (the algorithm tests, the simulator's).

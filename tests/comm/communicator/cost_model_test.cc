@@ -274,8 +274,9 @@ TEST(CostModelAtScale, EightByteCallsCostLogNLatencies) {
 }
 
 // The choice over the whole grid, 8 B to 1 GiB: always an algorithm the shape runs (a
-// finite prediction), never slower by the model than any other candidate, and the
-// hierarchical call's allreduce between nodes the model's cheapest for its block.
+// finite prediction), never slower by the model than any other candidate, and inside a
+// hierarchical call what the model plans (cost::hierarchical_plan), which is what
+// allreduce_hier predicts.
 TEST(CostModelAtScale, EveryChoiceIsTheModelsCheapestAndRuns) {
   const CostParams p;
   for (const Shape& s : scale_shapes()) {
@@ -301,16 +302,17 @@ TEST(CostModelAtScale, EveryChoiceIsTheModelsCheapestAndRuns) {
       t.local_size = s.local_size;
       const size_t count = bytes / 4;
       const algorithms::HierarchicalChoice how = hierarchical_choice(p, s, t, count, 4);
-      const double block = static_cast<double>(block_count(count, s.local_size, 0) * 4);
-      const Algorithm cross = cost::cheapest_tcp_allreduce(s.nodes, block, s, p);
-      const auto expected = cross == Algorithm::kRecursiveDoubling ? algorithms::allreduce_recursive_doubling
-                            : cross == Algorithm::kHalvingDoubling ? algorithms::allreduce_halving_doubling
-                                                                    : algorithms::allreduce_ring;
-      EXPECT_EQ(how.cross_allreduce, expected) << bytes << " bytes on " << shape_name(s);
-      // The pipeline's exchange between nodes is a ring: only where the ring is the choice.
-      if (how.chunk_count > 0) {
-        EXPECT_EQ(cross, Algorithm::kRing) << bytes << " bytes on " << shape_name(s);
-      }
+      const double chunk = static_cast<double>(std::max<size_t>(p.tuning.hier_chunk_bytes / 4, 1) * 4);
+      const cost::HierarchicalPlan plan = cost::hierarchical_plan(static_cast<double>(count * 4), chunk, s, p);
+      const auto expected = plan.cross == Algorithm::kRecursiveDoubling ? algorithms::allreduce_recursive_doubling
+                            : plan.cross == Algorithm::kHalvingDoubling ? algorithms::allreduce_halving_doubling
+                                                                         : algorithms::allreduce_ring;
+      const std::string at = std::to_string(bytes) + " bytes on " + shape_name(s);
+      EXPECT_EQ(how.cross_allreduce, expected) << at;
+      EXPECT_EQ(how.chunk_count > 0, plan.pipelined && count * 4 > chunk) << at;
+      // What the choice runs is what allreduce_hier predicts.
+      const double predicted = predicted_us(Collective::kAllreduce, Algorithm::kHierarchical, count * 4, s, p);
+      EXPECT_NEAR(plan.us, predicted, 1e-9 * predicted) << at;
     }
   }
 }
