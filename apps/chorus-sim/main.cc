@@ -170,6 +170,11 @@ const std::map<std::string, Algorithm>& algorithms_table() {
          alg::alltoallv_pairwise(env.begin("alltoallv", kType, false, ReduceOp::kSum, 0), in.data(), counts,
                                  displs, out.data(), counts, displs);
        }}},
+      {"alltoall:bruck", {"alltoall", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> in = block(c.count * env.size()), out = block(c.count * env.size());
+         alg::alltoall_bruck(env.begin("alltoall", kType, false, ReduceOp::kSum, c.count), in.data(), out.data(),
+                             c.count);
+       }}},
       {"barrier:dissemination", {"barrier", 0, [](RankEnv& env, const Case&) {
          alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
        }}},

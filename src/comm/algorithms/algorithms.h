@@ -61,6 +61,11 @@ void alltoallv_pairwise(const Context& ctx, const void* in, std::span<const size
                         std::span<const size_t> send_displs, void* out,
                         std::span<const size_t> recv_counts, std::span<const size_t> recv_displs);
 
+// ---- alltoall (Bruck): out's block q (count elements) = block `rank` of rank q's in,
+// in ceil(log2 size) rounds (scratch area 0: size * count elements; areas 1 and 2:
+// about half of that each). `in` may be `out`.
+void alltoall_bruck(const Context& ctx, const void* in, void* out, size_t count);
+
 // ---- barrier (dissemination).
 void barrier_dissemination(const Context& ctx);
 

@@ -175,7 +175,8 @@ const AlgorithmEntry kTable[] = {
     {C::kScatter, A::kBinomialTree, cost::scatter_tree,
      [](const Context& c, const Call& k) { alg::scatter_binomial(c, k.send, k.recv, k.count, k.root); }},
 
-    // ---- alltoall(v): pairwise exchange over tcp (kAuto)
+    // ---- alltoall: over tcp by cost, the pairwise exchange (kAuto) or Bruck's;
+    // alltoallv: the pairwise exchange
     {C::kAlltoall, A::kShmDirect, nullptr,
      [](const Context& c, const Call& k) { alg::shm_alltoall(c, *c.node, k.send, k.recv, k.count); }},
     {C::kAlltoall, A::kAuto, cost::alltoall_pairwise,
@@ -191,6 +192,8 @@ const AlgorithmEntry kTable[] = {
        }
        alg::alltoallv_pairwise(c, src, counts, displs, k.recv, counts, displs);
      }},
+    {C::kAlltoall, A::kBruck, cost::alltoall_bruck,
+     [](const Context& c, const Call& k) { alg::alltoall_bruck(c, k.send, k.recv, k.count); }},
     {C::kAlltoallv, A::kShmDirect, nullptr,
      [](const Context& c, const Call& k) {
        alg::alltoallv_agreed(c, c.node, k.send, k.send_counts, k.send_displs, k.recv, k.recv_counts,

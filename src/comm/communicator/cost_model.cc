@@ -107,7 +107,8 @@ double binomial_root(int ranks, double n, const CostParams& p) {
 }
 
 // Where every rank of a node sends to another node in the same step (recursive
-// doubling and halving, Bruck, the exchanges between nodes of the hierarchical calls),
+// doubling and halving, Bruck's, the pairwise alltoall, the exchanges between nodes of
+// the hierarchical calls),
 // the node's ranks share its one link: each gets a local_size-th of tcp_gbps. The
 // ring's step crosses between nodes once per node and keeps the whole link. Only on
 // uniform shapes (s.hierarchical): elsewhere local_size is this rank's node's, which
@@ -411,9 +412,19 @@ double scatter_direct(double n, const Shape& s, const CostParams& p) { return di
 double scatter_tree(double n, const Shape& s, const CostParams& p) { return binomial_root(s.size, n, p); }
 
 // Pairwise alltoall (n = one rank's whole buffer): every rank posts N - 1 messages (the
-// same per-message latency as the direct gather's root) of a block each.
+// same per-message latency as the direct gather's root) of a block each, all of them
+// crossing at once.
 double alltoall_pairwise(double n, const Shape& s, const CostParams& p) {
-  return direct_root(s.size, n / std::max(1, s.size), p);
+  return direct_root(s.size, n / std::max(1, s.size), shared_link(s, p));
+}
+
+// Bruck's alltoall: ceil(log2 N) rounds of the blocks whose index has the round's bit
+// set (about N / 2 of them), each packed and unpacked, plus the two rotations.
+double alltoall_bruck(double n, const Shape& s, const CostParams& p) {
+  if (s.size < 2) return 0;
+  const Link l = tcp(shared_link(s, p));
+  const double rounds = std::ceil(std::log2(s.size)), moved = rounds * std::floor(s.size / 2.0) * n / s.size;
+  return rounds * l.alpha_us + moved * l.us_per_byte + shm_copy_us(p, 2 * moved + 2 * n);
 }
 
 // Dissemination: ceil(log2 N) rounds of an empty message.

@@ -69,8 +69,8 @@ Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, cons
 // where the shape cannot run the algorithm (shared memory off one node, hierarchical
 // off a uniform shape of several nodes with several ranks each). On a uniform shape of
 // several nodes the algorithms whose every rank sends to another node in the same step
-// (recursive doubling and halving, Bruck, the exchanges between nodes of the
-// hierarchical calls) share the node's link among its ranks (tcp_gbps / local_size
+// (recursive doubling and halving, Bruck's, the pairwise alltoall, the exchanges
+// between nodes of the hierarchical calls) share the node's link among its ranks (tcp_gbps / local_size
 // each); the others' formulas, and every formula on other shapes, do not model the
 // link's sharing.
 namespace cost {
@@ -98,6 +98,7 @@ double gather_tree(double n, const Shape& s, const CostParams& p);
 double scatter_direct(double n, const Shape& s, const CostParams& p);
 double scatter_tree(double n, const Shape& s, const CostParams& p);
 double alltoall_pairwise(double n, const Shape& s, const CostParams& p);
+double alltoall_bruck(double n, const Shape& s, const CostParams& p);
 double barrier_dissemination(double n, const Shape& s, const CostParams& p);
 
 // The allreduce among `ranks` over tcp (recursive doubling, halving-doubling, ring) on

@@ -513,6 +513,35 @@ TEST_P(AlgorithmsTest, AllgatherBruck) {
   on_ranks(GetParam(), [](RankContext& rc) { allgather_cases(rc, "allgather_bruck", alg::allgather_bruck); });
 }
 
+// ---- alltoall (Bruck): ceil(log2 size) rounds of the blocks whose index has the
+// round's bit set, and the rotations; out's block q = block `rank` of rank q's in, in
+// place and out of place.
+
+TEST_P(AlgorithmsTest, AlltoallBruck) {
+  on_ranks(GetParam(), [](RankContext& rc) {
+    const int rank = rc.rank(), size = rc.size();
+    sweep_moves([&](DataType d, size_t n) {
+      const size_t elem = dtype_size(d), total = n * size;
+      for (bool in_place : {false, true}) {
+        // Rank q's block for rank p: elements p * n .. (p + 1) * n - 1 of q's pattern.
+        Bytes in(total * elem), out(total * elem + elem, kSentinelByte);
+        fill_move(d, rank, in_place ? out.data() : in.data(), 0, total);
+        alg::alltoall_bruck(rc.begin("alltoall", d, false, ReduceOp::kSum, n), in_place ? out.data() : in.data(),
+                            out.data(), n);
+        std::string at = where("alltoall_bruck", rc, d, "-", n, 0, in_place, "");
+        for (int q = 0; q < size; ++q) {
+          EXPECT_EQ(check_move(d, q, out.data() + q * n * elem, static_cast<size_t>(rank) * n, n), "")
+              << at << ", from rank " << q;
+        }
+        EXPECT_EQ(check_sentinel(out.data() + total * elem, elem), "") << at;
+        if (!in_place) {
+          EXPECT_EQ(check_move(d, rank, in.data(), 0, total), "") << at;
+        }
+      }
+    });
+  });
+}
+
 // Every inner choice the plan can make, whatever the size: each allreduce between nodes
 // and each broadcast, whole and pipelined, on the layouts of several nodes.
 TEST_P(AlgorithmsTest, HierarchicalEveryInnerChoice) {

@@ -165,6 +165,20 @@ void alltoallv_case(RankEnv& env, DataType d, size_t n) {
 
 using AllgatherFn = void (*)(const alg::Context&, const void*, void*, size_t);
 
+// Alltoall of equal blocks by Bruck's algorithm: block q of the output is block `rank`
+// of rank q's input.
+void alltoall_bruck_case(RankEnv& env, DataType d, size_t n) {
+  const int size = env.size(), rank = env.rank();
+  const size_t elem = dtype_size(d), total = n * size;
+  Bytes in(total * elem), out(total * elem);
+  fill_move(d, rank, in.data(), 0, total);
+  alg::alltoall_bruck(env.begin("alltoall", d, false, ReduceOp::kSum, n), in.data(), out.data(), n);
+  for (int q = 0; q < size; ++q) {
+    EXPECT_EQ(check_move(d, q, out.data() + q * n * elem, static_cast<size_t>(rank) * n, n), "")
+        << at("alltoall_bruck", env, d, n) << ", from rank " << q;
+  }
+}
+
 void allgather_case(RankEnv& env, const char* name, AllgatherFn fn, DataType d, size_t n) {
   const size_t elem = dtype_size(d);
   Bytes in(n * elem), out(n * env.size() * elem);
@@ -202,6 +216,7 @@ void all_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n) {
     gather_scatter_case(env, d, n, root, true);
   }
   alltoallv_case(env, d, n);
+  alltoall_bruck_case(env, d, n);
   alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
 }
 
@@ -272,6 +287,28 @@ TEST(Sim1024, GatherScatterBarrier) {
     gather_scatter_case(env, DataType::kInt64, 3, 0, true);
     alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
   });
+}
+
+// Bruck's alltoall at 1,024 ranks talks to 2 log2 N - 1 peers (rank + 2^k and rank -
+// 2^k) instead of N - 1, and takes its formula's ceil(log2 N) latencies (a flat network,
+// bytes free).
+TEST(Sim1024, AlltoallBruckTalksToLog2Peers) {
+  Result r = Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    alltoall_bruck_case(env, DataType::kInt64, 1);
+  });
+  EXPECT_EQ(r.max_peers, 19u);
+  const double alpha = 5e-6;
+  communicator::CostParams count;
+  count.tcp_alpha_us = 1;
+  count.tcp_gbps = count.shm_gbps = 1e12;
+  communicator::Shape shape;
+  shape.size = shape.nodes = kRanks;
+  const double rounds = communicator::predicted_us(Collective::kAlltoall, Algorithm::kBruck, 8 * kRanks, shape, count);
+  EXPECT_NEAR(rounds, 10, 0.01);
+  r = Simulator().run(kRanks, 1, flat_model(alpha, 1e12), [](RankEnv& env) {
+    alltoall_bruck_case(env, DataType::kFloat64, 1);
+  });
+  EXPECT_NEAR(r.time, rounds * alpha, 0.01 * rounds * alpha);
 }
 
 TEST(Sim1024, AlltoallvTalksToEveryRank) {
