@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,16 +95,52 @@ Algorithm reduce(RootedReduceFn fn) {
           }};
 }
 
+// The cost model's parameters the hierarchical algorithms' plan reads (--cost-model).
+communicator::CostParams& cost_params() {
+  static communicator::CostParams params;
+  return params;
+}
+
+// What a communicator of this shape plans inside a hierarchical call, with those
+// parameters (communicator/plan.h).
+alg::HierarchicalChoice planned(const alg::Context& ctx, size_t count) {
+  communicator::CostParams p = cost_params();
+  p.tuning = ctx.tuning;
+  return communicator::hierarchical_choice(p, communicator::shape_of(ctx), ctx.topology, count, ctx.elem);
+}
+
+// Gather to root 0 (its output only on the root), scatter from root 0.
+Algorithm gather(RootedReduceFn fn) {
+  return {"gather", 1, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count * env.size() : 0);
+            fn(env.begin("gather", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
+          }};
+}
+
+Algorithm scatter(RootedReduceFn fn) {
+  return {"scatter", 1, [fn](RankEnv& env, const Case& c) {
+            std::vector<float> in = block(env.rank() == 0 ? c.count * env.size() : 0), out = block(c.count);
+            fn(env.begin("scatter", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
+          }};
+}
+
 const std::map<std::string, Algorithm>& algorithms_table() {
   static const std::map<std::string, Algorithm> table = {
       {"allreduce:ring", allreduce(alg::allreduce_ring)},
       {"allreduce:recursive_doubling", allreduce(alg::allreduce_recursive_doubling)},
       {"allreduce:halving_doubling", allreduce(alg::allreduce_halving_doubling)},
-      {"allreduce:hierarchical", allreduce(communicator::planned_allreduce_hierarchical)},
+      {"allreduce:hierarchical", allreduce([](const alg::Context& ctx, const void* in, void* out, size_t count) {
+         alg::allreduce_hierarchical(ctx, planned(ctx, count), in, out, count);
+       })},
       {"reduce_scatter:ring", {"reduce_scatter", 1, [](RankEnv& env, const Case& c) {
          std::vector<float> in = block(c.count * env.size()), out = block(c.count);
          alg::reduce_scatter_ring(env.begin("reduce_scatter", kType, true, ReduceOp::kSum, c.count, -1, c.segment),
                                   in.data(), out.data(), c.count);
+       }}},
+      {"reduce_scatter:halving", {"reduce_scatter", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> in = block(c.count * env.size()), out = block(c.count);
+         alg::reduce_scatter_halving(env.begin("reduce_scatter", kType, true, ReduceOp::kSum, c.count), in.data(),
+                                     out.data(), c.count);
        }}},
       {"allgather:ring", {"allgather", 1, [](RankEnv& env, const Case& c) {
          const size_t n = env.size();
@@ -116,24 +153,27 @@ const std::map<std::string, Algorithm>& algorithms_table() {
       {"allgather:hierarchical", allgather(alg::allgather_hierarchical)},
       {"allgather:bruck", allgather(alg::allgather_bruck)},
       {"broadcast:binomial", broadcast(alg::broadcast_binomial)},
-      {"broadcast:hierarchical", broadcast(communicator::planned_broadcast_hierarchical)},
+      {"broadcast:hierarchical", broadcast([](const alg::Context& ctx, void* buf, size_t count, int root) {
+         alg::broadcast_hierarchical(ctx, planned(ctx, count), buf, count, root);
+       })},
       {"broadcast:chain", broadcast(alg::broadcast_chain)},
       {"reduce:binomial", reduce(alg::reduce_binomial)},
       {"reduce:ring", reduce(alg::reduce_ring)},
-      {"gather:direct", {"gather", 1, [](RankEnv& env, const Case& c) {
-         std::vector<float> in = block(c.count), out = block(env.rank() == 0 ? c.count * env.size() : 0);
-         alg::gather_direct(env.begin("gather", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
-       }}},
-      {"scatter:direct", {"scatter", 1, [](RankEnv& env, const Case& c) {
-         std::vector<float> in = block(env.rank() == 0 ? c.count * env.size() : 0), out = block(c.count);
-         alg::scatter_direct(env.begin("scatter", kType, false, ReduceOp::kSum, c.count, 0), in.data(), out.data(), c.count, 0);
-       }}},
+      {"gather:direct", gather(alg::gather_direct)},
+      {"gather:binomial", gather(alg::gather_binomial)},
+      {"scatter:direct", scatter(alg::scatter_direct)},
+      {"scatter:binomial", scatter(alg::scatter_binomial)},
       {"alltoall:pairwise", {"alltoall", 1, [](RankEnv& env, const Case& c) {
          const size_t n = env.size();
          auto [counts, displs] = even_blocks(n, c.count);
          std::vector<float> in = block(c.count * n), out = block(c.count * n);
          alg::alltoallv_pairwise(env.begin("alltoallv", kType, false, ReduceOp::kSum, 0), in.data(), counts,
                                  displs, out.data(), counts, displs);
+       }}},
+      {"alltoall:bruck", {"alltoall", 1, [](RankEnv& env, const Case& c) {
+         std::vector<float> in = block(c.count * env.size()), out = block(c.count * env.size());
+         alg::alltoall_bruck(env.begin("alltoall", kType, false, ReduceOp::kSum, c.count), in.data(), out.data(),
+                             c.count);
        }}},
       {"barrier:dissemination", {"barrier", 0, [](RankEnv& env, const Case&) {
          alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
@@ -147,7 +187,9 @@ struct Args {
   int ranks = 64, ranks_per_node = 8;
   size_t bytes = 1 << 20, segment = kDefaultSegmentBytes;
   LinkModel model;
+  std::string cost_model;
   bool json = false;
+  bool predict = false, shm = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -159,7 +201,7 @@ Args parse(int argc, char** argv) {
   app.set_version_flag("--version", std::string("chorus-sim ") + CHORUS_VERSION);
   app.add_option("-o,--collective", o.collective, "allreduce, reduce_scatter, allgather, broadcast, "
                  "reduce, gather, scatter, alltoall, barrier");
-  app.add_option("-a,--algorithm", o.algorithm, "ring, recursive_doubling, halving_doubling, binomial, "
+  app.add_option("-a,--algorithm", o.algorithm, "ring, recursive_doubling, halving_doubling, halving, binomial, "
                  "chain, bruck, direct, pairwise, dissemination, hierarchical (which exist for the collective)");
   app.add_option("-n,--ranks", o.ranks, "simulated ranks")->check(CLI::Range(1, 1 << 16));
   app.add_option("--ranks-per-node", o.ranks_per_node, "consecutive ranks per node")->check(CLI::Range(1, 1 << 16));
@@ -173,6 +215,13 @@ Args parse(int argc, char** argv) {
   app.add_option("--inter-gbs", inter_gbs, "bandwidth of a stream between nodes, GB/s");
   app.add_option("--nic-gbs", nic_gbs, "a node's NIC, each direction, GB/s (0: unlimited)");
   app.add_option("--reduce-gbs", reduce_gbs, "reduction output per rank, GB/s (0: free)");
+  app.add_option("--cost-model", o.cost_model, "the cost model's parameters for the hierarchical algorithms' "
+                 "inner choice, as CHORUS_COST_MODEL takes them (e.g. tcp_alpha_us=10,tcp_gbps=12.5; "
+                 "default: the built-in ones, docs/environment.md)");
+  app.add_flag("--predict", o.predict, "simulate nothing: print the plan's automatic choice for the collective "
+               "and the cost model's prediction of it (--algorithm is ignored; the link options are not read)");
+  app.add_flag("--shm", o.shm, "with --predict: the ranks of a node share a segment (a real node; the simulator "
+               "has none)");
   app.add_flag("--json", o.json, "print one JSON object");
   try {
     app.parse(argc, argv);
@@ -198,7 +247,60 @@ long peak_rss_kib() {
   return u.ru_maxrss;
 }
 
+// The busbw factor of a collective (nccl-tests').
+double bus_factor(const std::string& collective, double n) {
+  if (collective == "allreduce") return 2 * (n - 1) / n;
+  if (collective == "broadcast" || collective == "reduce") return 1;
+  return (n - 1) / n;
+}
+
+// --predict: what a communicator of this shape chooses over tcp (communicator/plan.h:
+// tcp_choice(), and inside a hierarchical allreduce hierarchical_choice()) and the
+// cost model's time for it.
+int predict(const Args& o) {
+  const std::optional<Collective> c = parse_collective(o.collective);
+  if (!c) {
+    std::fprintf(stderr, "chorus-sim: unknown collective %s\n", o.collective.c_str());
+    return 2;
+  }
+  const communicator::CostParams p = communicator::parse_cost_params(o.cost_model);
+  communicator::Shape s;
+  s.size = o.ranks;
+  s.local_size = std::min(o.ranks_per_node, o.ranks);
+  s.nodes = (o.ranks + s.local_size - 1) / s.local_size;
+  s.shm = o.shm && s.local_size > 1;
+  s.hierarchical = s.nodes > 1 && s.local_size > 1 && o.ranks % s.local_size == 0;
+  // Call::bytes: one rank's block for gather and scatter, nccl-tests' size otherwise.
+  const bool per_block = *c == Collective::kGather || *c == Collective::kScatter;
+  const size_t bytes = per_block ? o.bytes / o.ranks : o.bytes;
+  const chorus::Algorithm a = communicator::tcp_choice(*c, bytes, s, p, s.hierarchical);
+  const double us = communicator::predicted_us(*c, a, bytes, s, p);
+  std::string inside = "";
+  if (a == chorus::Algorithm::kHierarchical && *c == Collective::kAllreduce) {
+    const communicator::cost::HierarchicalPlan plan =
+        communicator::cost::hierarchical_plan(static_cast<double>(o.bytes),
+                                              static_cast<double>(p.tuning.hier_chunk_bytes), s, p);
+    inside = std::string(algorithm_name(plan.cross)) + (plan.pipelined ? " pipelined" : "");
+  }
+  const double algbw = us > 0 ? static_cast<double>(o.bytes) / (us * 1e-6) / 1e9 : 0;
+  const double busbw = algbw * bus_factor(o.collective, o.ranks);
+  if (o.json) {
+    std::printf("{\"collective\": \"%s\", \"chosen\": \"%s\", \"between_nodes\": \"%s\", \"ranks\": %d, "
+                "\"ranks_per_node\": %d, \"shm\": %s, \"bytes\": %zu, \"predicted_us\": %.3f, "
+                "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f}\n",
+                o.collective.c_str(), algorithm_name(a), inside.c_str(), o.ranks, s.local_size,
+                s.shm ? "true" : "false", o.bytes, us, algbw, busbw);
+    return 0;
+  }
+  std::printf("%-15s %-6s %-14s %6s %5s %12s %14s %9s %9s\n", "collective", "chosen", "between nodes", "ranks",
+              "/node", "bytes", "predicted(us)", "algbw", "busbw");
+  std::printf("%-15s %-6s %-14s %6d %5d %12zu %14.3f %9.3f %9.3f\n", o.collective.c_str(), algorithm_name(a),
+              inside.empty() ? "-" : inside.c_str(), o.ranks, s.local_size, o.bytes, us, algbw, busbw);
+  return 0;
+}
+
 int run(const Args& o) {
+  if (o.predict) return predict(o);
   auto it = algorithms_table().find(o.collective + ":" + o.algorithm);
   if (it == algorithms_table().end()) {
     std::fprintf(stderr, "chorus-sim: no algorithm %s for %s; there are:", o.algorithm.c_str(),
@@ -208,6 +310,7 @@ int run(const Args& o) {
     return 2;
   }
   const Algorithm& a = it->second;
+  cost_params() = communicator::parse_cost_params(o.cost_model);
   const Case c{block_count(a, o), o.segment};
   const auto start = std::chrono::steady_clock::now();
   const Result r = Simulator().run(o.ranks, o.ranks_per_node, o.model, [&](RankEnv& env) { a.run(env, c); });

@@ -3,6 +3,7 @@
 // Byte counts never overflow (the communicator checks count * element size).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -18,9 +19,12 @@ void allreduce_ring(const Context& ctx, const void* in, void* out, size_t count)
 void allreduce_recursive_doubling(const Context& ctx, const void* in, void* out, size_t count);
 void allreduce_halving_doubling(const Context& ctx, const void* in, void* out, size_t count);
 
-// ---- reduce_scatter (ring): out (count elements) = reduction of block `rank` of in
-// (size * count elements). out may alias in's block `rank`.
+// ---- reduce_scatter: out (count elements) = reduction of block `rank` of in (size *
+// count elements). out may alias in's block `rank`. The ring (size - 1 steps, its
+// reductions pipelined), or recursive halving (log2 size steps, two more where size is
+// not a power of two; scratch areas 0 and 1: size * count elements each).
 void reduce_scatter_ring(const Context& ctx, const void* in, void* out, size_t count);
+void reduce_scatter_halving(const Context& ctx, const void* in, void* out, size_t count);
 
 // ---- allgather(v) (ring): out's block r (counts[r] elements at displs[r]) = in of
 // rank r. `in` may be out's own block.
@@ -39,14 +43,28 @@ void broadcast_chain(const Context& ctx, void* buf, size_t count, int root);
 void reduce_binomial(const Context& ctx, const void* in, void* out, size_t count, int root);
 void reduce_ring(const Context& ctx, const void* in, void* out, size_t count, int root);
 
-// ---- gather / scatter (direct, root talks to every rank).
+// ---- gather / scatter: direct (the root talks to every rank), or a binomial tree
+// (ceil(log2 size) rounds; scratch area 0: a subtree's blocks, all of them at a root
+// other than rank 0). Gather: out (size * count, used on the root only) = every rank's
+// in, in may be out's block `root`; scatter: out = block `rank` of the root's in, out
+// may be in's block `root` on the root.
 void gather_direct(const Context& ctx, const void* in, void* out, size_t count, int root);
 void scatter_direct(const Context& ctx, const void* in, void* out, size_t count, int root);
+void gather_binomial(const Context& ctx, const void* in, void* out, size_t count, int root);
+void scatter_binomial(const Context& ctx, const void* in, void* out, size_t count, int root);
+// The ranks in the subtree of rank v (renumbered from the root, 0) of the binomial
+// tree over `size` ranks: v and the ranks above it up to its lowest set bit.
+inline int binomial_subtree(int v, int size) { return v == 0 ? size : std::min(v & -v, size - v); }
 
 // ---- alltoallv (pairwise exchange); counts and displacements in elements.
 void alltoallv_pairwise(const Context& ctx, const void* in, std::span<const size_t> send_counts,
                         std::span<const size_t> send_displs, void* out,
                         std::span<const size_t> recv_counts, std::span<const size_t> recv_displs);
+
+// ---- alltoall (Bruck): out's block q (count elements) = block `rank` of rank q's in,
+// in ceil(log2 size) rounds (scratch area 0: size * count elements; areas 1 and 2:
+// about half of that each). `in` may be `out`.
+void alltoall_bruck(const Context& ctx, const void* in, void* out, size_t count);
 
 // ---- barrier (dissemination).
 void barrier_dissemination(const Context& ctx);

@@ -109,12 +109,15 @@ struct Tuning {
   // hierarchical_choice(); algorithms/hierarchical.cc runs it)
 
   // Message sizes at which the cross-node phases switch from latency- to
-  // bandwidth-optimal algorithms: the thresholds measured over loopback before the cost
-  // model chose flat algorithms; the choice does not consult its formulas yet. Allreduce
-  // (on the rank's block of the node's reduce-scatter):
-  // recursive doubling up to hier_allreduce_small_bytes, halving-doubling (2 nodes only)
-  // up to hier_allreduce_halving_bytes, the ring beyond; broadcast (also a node's
-  // broadcast over tcp): binomial tree up to hier_broadcast_small_bytes, chain beyond.
+  // bandwidth-optimal algorithms: the thresholds measured over loopback on two nodes,
+  // before the cost model chose flat algorithms. They hold where they were measured:
+  // the allreduce between two nodes (on the rank's block of the node's reduce-scatter):
+  // recursive doubling up to hier_allreduce_small_bytes, halving-doubling up to
+  // hier_allreduce_halving_bytes, the ring beyond; the broadcast among groups of at
+  // most tree_limit_max_ranks (between nodes, and inside one over tcp): binomial tree up
+  // to hier_broadcast_small_bytes, chain beyond. More nodes choose by the cost formulas
+  // (communicator/cost_model.h), which put the ring's 2(N - 1) latencies against
+  // log2 N ones.
   size_t hier_allreduce_small_bytes = 32 * 1024;
   size_t hier_allreduce_halving_bytes = 1024 * 1024;
   size_t hier_broadcast_small_bytes = 64 * 1024;
@@ -148,6 +151,12 @@ struct Tuning {
   // ranks over loopback): broadcast and reduce over tcp take the binomial tree up to
   // this many bytes and the pipelined chain beyond, where bandwidth dominates.
   size_t tree_limit_bytes = 64 * 1024;
+  // The largest group tree_limit_bytes (and hier_broadcast_small_bytes) hold for: the
+  // groups they were measured on (2-8 ranks). Larger groups take the tree or the chain
+  // by the cost formulas, which weigh the chain's N - 1 latencies (9.2 ms at 1,024
+  // ranks with the built-in alpha of 9 us) against the tree's log2 N copies of the
+  // bytes.
+  size_t tree_limit_max_ranks = 8;
 
   // ---- flat allreduce over tcp (communicator/cost_model.cc: cheapest())
 

@@ -112,12 +112,12 @@ const AlgorithmEntry kTable[] = {
        alg::broadcast_hierarchical(c, k.hierarchical, k.recv, k.count, k.root);
      }},
 
-    // ---- reduce
+    // ---- reduce: tree or ring (plan.cc: by tree_limit_bytes on small groups, by cost beyond)
     {C::kReduce, A::kShmDirect, nullptr,
      [](const Context& c, const Call& k) { alg::shm_reduce(c, *c.node, k.send, k.recv, k.count, k.root); }},
-    {C::kReduce, A::kBinomialTree, nullptr,
+    {C::kReduce, A::kBinomialTree, cost::reduce_tree,
      [](const Context& c, const Call& k) { alg::reduce_binomial(c, k.send, k.recv, k.count, k.root); }},
-    {C::kReduce, A::kRing, nullptr,
+    {C::kReduce, A::kRing, cost::reduce_ring,
      [](const Context& c, const Call& k) { alg::reduce_ring(c, k.send, k.recv, k.count, k.root); }},
 
     // ---- allgather: over tcp chosen by cost (ring, bruck, hierarchical)
@@ -146,7 +146,7 @@ const AlgorithmEntry kTable[] = {
     {C::kAllgatherv, A::kRing, nullptr,
      [](const Context& c, const Call& k) { alg::allgatherv_ring(c, k.send, k.recv, k.recv_counts, k.recv_displs); }},
 
-    // ---- reduce_scatter
+    // ---- reduce_scatter: over tcp by cost (ring, recursive halving)
     {C::kReduceScatter, A::kShmDirect, cost::reduce_scatter_shm,
      [](const Context& c, const Call& k) {
        alg::shm_reduce_scatter_blocks(c, *c.node, k.send, k.recv, k.count * static_cast<size_t>(c.size), c.average);
@@ -155,23 +155,31 @@ const AlgorithmEntry kTable[] = {
      [](const Context& c, const Call& k) {
        alg::shared_reduce_scatter(c, *c.node, k.in_ref, k.out_ref, k.count, c.average);
      }},
-    {C::kReduceScatter, A::kRing, nullptr,
+    {C::kReduceScatter, A::kRing, cost::reduce_scatter_ring,
      [](const Context& c, const Call& k) { alg::reduce_scatter_ring(c, k.send, k.recv, k.count); }},
+    {C::kReduceScatter, A::kHalvingDoubling, cost::reduce_scatter_hd,
+     [](const Context& c, const Call& k) { alg::reduce_scatter_halving(c, k.send, k.recv, k.count); }},
 
-    // ---- gather, scatter: the root talks to every rank (kAuto: the one tcp algorithm)
+    // ---- gather, scatter: over tcp by cost, direct (kAuto: the root talks to every rank)
+    // or the binomial tree
     {C::kGather, A::kShmDirect, nullptr,
      [](const Context& c, const Call& k) { alg::shm_gather(c, *c.node, k.send, k.recv, k.count, k.root); }},
-    {C::kGather, A::kAuto, nullptr,
+    {C::kGather, A::kAuto, cost::gather_direct,
      [](const Context& c, const Call& k) { alg::gather_direct(c, k.send, k.recv, k.count, k.root); }},
+    {C::kGather, A::kBinomialTree, cost::gather_tree,
+     [](const Context& c, const Call& k) { alg::gather_binomial(c, k.send, k.recv, k.count, k.root); }},
     {C::kScatter, A::kShmDirect, nullptr,
      [](const Context& c, const Call& k) { alg::shm_scatter(c, *c.node, k.send, k.recv, k.count, k.root); }},
-    {C::kScatter, A::kAuto, nullptr,
+    {C::kScatter, A::kAuto, cost::scatter_direct,
      [](const Context& c, const Call& k) { alg::scatter_direct(c, k.send, k.recv, k.count, k.root); }},
+    {C::kScatter, A::kBinomialTree, cost::scatter_tree,
+     [](const Context& c, const Call& k) { alg::scatter_binomial(c, k.send, k.recv, k.count, k.root); }},
 
-    // ---- alltoall(v): pairwise exchange over tcp (kAuto)
+    // ---- alltoall: over tcp by cost, the pairwise exchange (kAuto) or Bruck's;
+    // alltoallv: the pairwise exchange
     {C::kAlltoall, A::kShmDirect, nullptr,
      [](const Context& c, const Call& k) { alg::shm_alltoall(c, *c.node, k.send, k.recv, k.count); }},
-    {C::kAlltoall, A::kAuto, nullptr,
+    {C::kAlltoall, A::kAuto, cost::alltoall_pairwise,
      [](const Context& c, const Call& k) {
        std::vector<size_t> counts, displs;
        uniform_blocks(c, k.count, counts, displs);
@@ -184,6 +192,8 @@ const AlgorithmEntry kTable[] = {
        }
        alg::alltoallv_pairwise(c, src, counts, displs, k.recv, counts, displs);
      }},
+    {C::kAlltoall, A::kBruck, cost::alltoall_bruck,
+     [](const Context& c, const Call& k) { alg::alltoall_bruck(c, k.send, k.recv, k.count); }},
     {C::kAlltoallv, A::kShmDirect, nullptr,
      [](const Context& c, const Call& k) {
        alg::alltoallv_agreed(c, c.node, k.send, k.send_counts, k.send_displs, k.recv, k.recv_counts,
@@ -197,7 +207,8 @@ const AlgorithmEntry kTable[] = {
 
     // ---- barrier: dissemination over tcp (kAuto)
     {C::kBarrier, A::kShmDirect, nullptr, [](const Context& c, const Call&) { alg::shm_barrier(c, *c.node); }},
-    {C::kBarrier, A::kAuto, nullptr, [](const Context& c, const Call&) { alg::barrier_dissemination(c); }},
+    {C::kBarrier, A::kAuto, cost::barrier_dissemination,
+     [](const Context& c, const Call&) { alg::barrier_dissemination(c); }},
 };
 
 // CHORUS_ALGO's names: the short one first, then the long one.

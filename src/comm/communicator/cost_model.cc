@@ -62,6 +62,63 @@ double best_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams&
   return std::min({rd_allreduce(ranks, n, p), hd_allreduce(ranks, n, p), ring_allreduce(ranks, n, s, p)});
 }
 
+// ---- reduce_scatter over tcp among `ranks`, n = the whole input
+// The ring: N - 1 steps of one block each, its reductions pipelined as the
+// allreduce's.
+double ring_reduce_scatter(int ranks, double n, const Shape& s, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  double part = static_cast<double>(ranks - 1) / ranks * n;
+  return (ranks - 1) * l.alpha_us + part * l.us_per_byte +
+         reduce_us(p, std::min(part, static_cast<double>(s.segment_bytes)));
+}
+
+// Recursive halving (reduce_scatter_halving.cc): log2 of the largest power of two P
+// below N exchanges, of half the remaining data each ((P - 1) / P of it in all, each
+// reduced), plus, where N is not a power of two, the fold (the whole input to a
+// partner, reduced) and the folded rank's block sent back.
+double hd_reduce_scatter(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  const int steps = floor_log2(ranks), pow2 = 1 << steps;
+  const bool folded = pow2 != ranks;
+  Link l = tcp(p);
+  const double part = static_cast<double>(pow2 - 1) / pow2 * n;
+  return steps * l.alpha_us + part * l.us_per_byte + reduce_us(p, part) +
+         (folded ? l.time(n) + reduce_us(p, n) + l.time(n / ranks) : 0);
+}
+
+// ---- gather and scatter among `ranks`, n = one rank's block
+// Direct: the root posts N - 1 messages and pays each one's latency (the model's alpha
+// is mostly the per-message work of a rank), and carries every other block.
+double direct_root(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  return (ranks - 1) * l.alpha_us + (ranks - 1) * n * l.us_per_byte;
+}
+
+// Binomial tree (gather_binomial.cc, scatter_binomial.cc): ceil(log2 N) rounds on the
+// critical path; the root still carries every other block (N - 1 of them, half in its
+// first message), and it copies the whole buffer once to or from rank order.
+double binomial_root(int ranks, double n, const CostParams& p) {
+  if (ranks < 2) return 0;
+  Link l = tcp(p);
+  return std::ceil(std::log2(ranks)) * l.alpha_us + (ranks - 1) * n * l.us_per_byte +
+         shm_copy_us(p, ranks * n);
+}
+
+// Where every rank of a node sends to another node in the same step (recursive
+// doubling and halving, Bruck's, the pairwise alltoall, the exchanges between nodes of
+// the hierarchical calls),
+// the node's ranks share its one link: each gets a local_size-th of tcp_gbps. The
+// ring's step crosses between nodes once per node and keeps the whole link. Only on
+// uniform shapes (s.hierarchical): elsewhere local_size is this rank's node's, which
+// differs between ranks, and every rank must predict the same.
+CostParams shared_link(const Shape& s, const CostParams& p) {
+  CostParams q = p;
+  if (s.hierarchical) q.tcp_gbps = p.tcp_gbps / std::max(1, s.local_size);
+  return q;
+}
+
 double chunks(double n, const Shape& s) { return std::max(1.0, std::ceil(n / s.shm_chunk)); }
 
 // Direct shared memory: copy in; small chunks (Tuning::whole_bytes) every rank reduces
@@ -95,10 +152,21 @@ double shm_allgather(double n, const Shape& s, const CostParams& p) {
   return chunks(n / s.local_size, s) * p.shm_alpha_us + shm_copy_us(p, n);
 }
 
+// The node phases of a hierarchical allreduce on n bytes: the segment's reduce-scatter
+// and allgather, or the ring among the node's ranks.
+double intra_allreduce(double n, const Shape& s, const CostParams& p) {
+  return s.shm ? shm_reduce_scatter(n, s, p) + shm_allgather(n, s, p) : ring_allreduce(s.local_size, n, s, p);
+}
+
+// The pipelining chunk of a hierarchical allreduce on n bytes (plan.cc, in elements
+// there): hier_chunk_bytes, larger where there would be more than hier_max_chunks.
+double hier_chunk(double n, const CostParams& p) {
+  return std::max(static_cast<double>(p.tuning.hier_chunk_bytes),
+                  n / static_cast<double>(std::max<size_t>(1, p.tuning.hier_max_chunks)));
+}
+
 double hier_allreduce(double n, const Shape& s, const CostParams& p) {
-  double intra = s.shm ? shm_reduce_scatter(n, s, p) + shm_allgather(n, s, p)
-                       : ring_allreduce(s.local_size, n, s, p);
-  return intra + best_tcp_allreduce(s.nodes, n / s.local_size, s, p);
+  return cost::hierarchical_plan(n, hier_chunk(n, p), s, p).us;
 }
 
 // ---- broadcast over tcp: binomial tree, or pipelined chain
@@ -170,6 +238,7 @@ constexpr TuningKey kTuningKeys[] = {
     {"hier_chunk_bytes", &algorithms::Tuning::hier_chunk_bytes, 1},
     {"hier_max_chunks", &algorithms::Tuning::hier_max_chunks, 1},
     {"tree_limit_bytes", &algorithms::Tuning::tree_limit_bytes, 0},
+    {"tree_limit_max_ranks", &algorithms::Tuning::tree_limit_max_ranks, 1},
     {"pair_rd_max_bytes", &algorithms::Tuning::pair_rd_max_bytes, 0},
     {"inline_bytes", &algorithms::Tuning::inline_bytes, 0},
     {"inline_polls", &algorithms::Tuning::inline_polls, 0},
@@ -280,8 +349,8 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 bool one_node_shm(const Shape& s) { return s.shm && s.nodes == 1; }
 }  // namespace
 
-double allreduce_rd(double n, const Shape& s, const CostParams& p) { return rd_allreduce(s.size, n, p); }
-double allreduce_hd(double n, const Shape& s, const CostParams& p) { return hd_allreduce(s.size, n, p); }
+double allreduce_rd(double n, const Shape& s, const CostParams& p) { return rd_allreduce(s.size, n, shared_link(s, p)); }
+double allreduce_hd(double n, const Shape& s, const CostParams& p) { return hd_allreduce(s.size, n, shared_link(s, p)); }
 double allreduce_ring(double n, const Shape& s, const CostParams& p) { return ring_allreduce(s.size, n, s, p); }
 double allreduce_shm(double n, const Shape& s, const CostParams& p) {
   return one_node_shm(s) ? shm_allreduce(s.size, n, s, p) : kNever;
@@ -305,14 +374,91 @@ double broadcast_hier(double n, const Shape& s, const CostParams& p) {
 }
 
 double allgather_ring(double n, const Shape& s, const CostParams& p) { return tcp_allgather(s.size, n, p); }
-double allgather_bruck(double n, const Shape& s, const CostParams& p) { return bruck_allgather(s.size, n, p); }
+double allgather_bruck(double n, const Shape& s, const CostParams& p) {
+  return bruck_allgather(s.size, n, shared_link(s, p));
+}
 double allgather_shm(double n, const Shape& s, const CostParams& p) {
   return one_node_shm(s) ? shm_allgather(n, s, p) : kNever;
 }
+// Every rank of a node gathers the whole result across nodes (the ring among the
+// ranks of its local rank, on the nodes' packs), all of them at once through the
+// node's link.
 double allgather_hier(double n, const Shape& s, const CostParams& p) {
   if (!s.hierarchical) return kNever;
   return (s.shm ? shm_allgather(n / s.nodes, s, p) : tcp_allgather(s.local_size, n / s.nodes, p)) +
-         tcp_allgather(s.nodes, n, p);
+         tcp_allgather(s.nodes, n, shared_link(s, p));
+}
+
+// Reduce: the binomial tree, ceil(log2 N) rounds of the whole buffer, each reduced; the
+// ring (reduce_ring.cc): the ring's reduce-scatter, then every rank sends its block to
+// the root.
+double reduce_tree(double n, const Shape& s, const CostParams& p) {
+  return s.size < 2 ? 0 : std::ceil(std::log2(s.size)) * (tcp(p).time(n) + reduce_us(p, n));
+}
+double reduce_ring(double n, const Shape& s, const CostParams& p) {
+  return s.size < 2 ? 0 : ring_reduce_scatter(s.size, n, s, p) + direct_root(s.size, n / s.size, p);
+}
+
+double reduce_scatter_ring(double n, const Shape& s, const CostParams& p) {
+  return ring_reduce_scatter(s.size, n, s, p);
+}
+double reduce_scatter_hd(double n, const Shape& s, const CostParams& p) {
+  return hd_reduce_scatter(s.size, n, shared_link(s, p));
+}
+
+double gather_direct(double n, const Shape& s, const CostParams& p) { return direct_root(s.size, n, p); }
+double gather_tree(double n, const Shape& s, const CostParams& p) { return binomial_root(s.size, n, p); }
+double scatter_direct(double n, const Shape& s, const CostParams& p) { return direct_root(s.size, n, p); }
+double scatter_tree(double n, const Shape& s, const CostParams& p) { return binomial_root(s.size, n, p); }
+
+// Pairwise alltoall (n = one rank's whole buffer): every rank posts N - 1 messages (the
+// same per-message latency as the direct gather's root) of a block each, all of them
+// crossing at once.
+double alltoall_pairwise(double n, const Shape& s, const CostParams& p) {
+  return direct_root(s.size, n / std::max(1, s.size), shared_link(s, p));
+}
+
+// Bruck's alltoall: ceil(log2 N) rounds of the blocks whose index has the round's bit
+// set (about N / 2 of them), each packed and unpacked, plus the two rotations.
+double alltoall_bruck(double n, const Shape& s, const CostParams& p) {
+  if (s.size < 2) return 0;
+  const Link l = tcp(shared_link(s, p));
+  const double rounds = std::ceil(std::log2(s.size)), moved = rounds * std::floor(s.size / 2.0) * n / s.size;
+  return rounds * l.alpha_us + moved * l.us_per_byte + shm_copy_us(p, 2 * moved + 2 * n);
+}
+
+// Dissemination: ceil(log2 N) rounds of an empty message.
+double barrier_dissemination(double, const Shape& s, const CostParams& p) {
+  return s.size < 2 ? 0 : std::ceil(std::log2(s.size)) * p.tcp_alpha_us;
+}
+
+Algorithm cheapest_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams& p) {
+  const double rd = rd_allreduce(ranks, n, p), hd = hd_allreduce(ranks, n, p), ring = ring_allreduce(ranks, n, s, p);
+  if (rd <= hd && rd <= ring) return Algorithm::kRecursiveDoubling;
+  return hd <= ring ? Algorithm::kHalvingDoubling : Algorithm::kRing;
+}
+
+HierarchicalPlan hierarchical_plan(double n, double chunk, const Shape& s, const CostParams& p) {
+  // The node's ranks cross at once, each with its block, through the node's one link.
+  const int local = std::max(1, s.local_size), nodes = s.nodes;
+  const CostParams link = shared_link(s, p);
+  const double block = n / local;
+  HierarchicalPlan plan;
+  plan.cross = cheapest_tcp_allreduce(nodes, block, s, link);
+  plan.us = intra_allreduce(n, s, p) + best_tcp_allreduce(nodes, block, s, link);
+  if (nodes < 2 || local < 2 || !(chunk > 0) || n <= chunk) return plan;
+  // Pipelined (hierarchical.cc: allreduce_pipelined): every chunk pays its node phases,
+  // which overlap the ring between nodes, except the first chunk's reduce-scatter and
+  // the last one's allgather (about one chunk's node phases); the ring moves its bytes
+  // once and pays a latency per chunk and per step.
+  const double chunks = std::ceil(n / chunk);
+  const double part = static_cast<double>(nodes - 1) / nodes * block;
+  const double ring = 2 * part * (1e-3 / link.tcp_gbps) + reduce_us(p, part) +
+                      (chunks + 2 * (nodes - 1)) * p.tcp_alpha_us;
+  const double node_phases = intra_allreduce(chunk, s, p);
+  const double pipelined = std::max(chunks * node_phases, ring) + node_phases;
+  if (pipelined < plan.us) plan = {Algorithm::kRing, true, pipelined};
+  return plan;
 }
 
 }  // namespace cost

@@ -45,8 +45,9 @@ struct Shape {
   size_t segment_bytes = kDefaultSegmentBytes;  // pipelining unit of the tcp rings and chains
 };
 
-// Predicted microseconds of `collective` on `bytes` (for allgather: the whole result;
-// reduce_scatter: the whole input) with `algorithm`: the formula of its row in the
+// Predicted microseconds of `collective` on `bytes` (Call::bytes: for allgather and
+// alltoall the whole result; reduce_scatter: the whole input; gather and scatter: one
+// rank's block) with `algorithm`: the formula of its row in the
 // algorithm table (algorithm_table.h); infinity where the row has none or the shape
 // cannot run it. Defined with the table (algorithm_table.cc).
 double predicted_us(Collective collective, Algorithm algorithm, size_t bytes, const Shape& shape,
@@ -66,7 +67,12 @@ Algorithm cheapest(Collective collective, size_t bytes, const Shape& shape, cons
 // The formulas the algorithm table names, one per collective and algorithm: predicted
 // microseconds on `n` bytes (as predicted_us() counts them) for the shape, infinity
 // where the shape cannot run the algorithm (shared memory off one node, hierarchical
-// off a uniform shape of several nodes with several ranks each).
+// off a uniform shape of several nodes with several ranks each). On a uniform shape of
+// several nodes the algorithms whose every rank sends to another node in the same step
+// (recursive doubling and halving, Bruck's, the pairwise alltoall, the exchanges
+// between nodes of the hierarchical calls) share the node's link among its ranks (tcp_gbps / local_size
+// each); the others' formulas, and every formula on other shapes, do not model the
+// link's sharing.
 namespace cost {
 using Formula = double (*)(double n, const Shape& s, const CostParams& p);
 double allreduce_rd(double n, const Shape& s, const CostParams& p);
@@ -83,6 +89,33 @@ double allgather_ring(double n, const Shape& s, const CostParams& p);
 double allgather_bruck(double n, const Shape& s, const CostParams& p);
 double allgather_shm(double n, const Shape& s, const CostParams& p);
 double allgather_hier(double n, const Shape& s, const CostParams& p);
+double reduce_tree(double n, const Shape& s, const CostParams& p);
+double reduce_ring(double n, const Shape& s, const CostParams& p);
+double reduce_scatter_ring(double n, const Shape& s, const CostParams& p);
+double reduce_scatter_hd(double n, const Shape& s, const CostParams& p);
+double gather_direct(double n, const Shape& s, const CostParams& p);
+double gather_tree(double n, const Shape& s, const CostParams& p);
+double scatter_direct(double n, const Shape& s, const CostParams& p);
+double scatter_tree(double n, const Shape& s, const CostParams& p);
+double alltoall_pairwise(double n, const Shape& s, const CostParams& p);
+double alltoall_bruck(double n, const Shape& s, const CostParams& p);
+double barrier_dissemination(double n, const Shape& s, const CostParams& p);
+
+// The allreduce among `ranks` over tcp (recursive doubling, halving-doubling, ring) on
+// `n` bytes that the model predicts fastest; ties go to the first of rd, hd, ring.
+Algorithm cheapest_tcp_allreduce(int ranks, double n, const Shape& s, const CostParams& p);
+// What a hierarchical allreduce on `n` bytes runs between its nodes by the model, and
+// its predicted time (allreduce_hier's): the node phases, then the cheapest allreduce
+// among the nodes (rd, hd, ring) on a rank's block, the node's ranks sharing its one
+// link (each crossing at tcp_gbps / local_size); or, where that is faster, the ring
+// pipelined with the node phases in chunks of `chunk` bytes. plan.cc's
+// hierarchical_choice() takes it on more than two nodes.
+struct HierarchicalPlan {
+  Algorithm cross = Algorithm::kRecursiveDoubling;
+  bool pipelined = false;
+  double us = 0;
+};
+HierarchicalPlan hierarchical_plan(double n, double chunk, const Shape& s, const CostParams& p);
 }  // namespace cost
 
 }  // namespace chorus::communicator

@@ -82,13 +82,9 @@ Algorithm CommunicatorImpl::cheapest_allreduce(size_t bytes, bool tcp_only) cons
   std::atomic<uint64_t>& memo = allreduce_choice_[(bytes * 0x9E3779B97F4A7C15u) >> 60];
   const uint64_t seen = memo.load(std::memory_order_relaxed);
   if (!tcp_only && seen != 0 && (seen >> 8) == bytes) return static_cast<Algorithm>((seen & 0xff) - 1);
-  std::vector<Algorithm> candidates;
-  for (const AlgorithmEntry& e : algorithm_table()) {
-    if (e.collective == Collective::kAllreduce && e.cost != nullptr && (!tcp_only || over_tcp(e.algorithm)) &&
-        runnable(Collective::kAllreduce, e.algorithm)) {
-      candidates.push_back(e.algorithm);
-    }
-  }
+  const std::vector<Algorithm> candidates =
+      costed_rows(Collective::kAllreduce, !tcp_only && runnable(Collective::kAllreduce, Algorithm::kHierarchical),
+                  !tcp_only && runnable(Collective::kAllreduce, Algorithm::kShmDirect));
   const Algorithm best = cheapest(Collective::kAllreduce, bytes, shape_, cost_, candidates);
   if (!tcp_only && bytes < (uint64_t{1} << 56)) {
     memo.store(bytes << 8 | (static_cast<uint64_t>(best) + 1), std::memory_order_relaxed);
@@ -114,71 +110,131 @@ Algorithm CommunicatorImpl::algorithm_for(Collective c, size_t bytes) const {
   if (!tcp_only && find_entry(c, Algorithm::kShmDirect) != nullptr && runnable(c, Algorithm::kShmDirect)) {
     return Algorithm::kShmDirect;
   }
-  // Allgather over tcp: by cost among its rows with formulas, as allreduce (the ring's
-  // N - 1 latencies against Bruck's ceil(log2 N) and its copy, and hierarchical).
-  // The others: hierarchical across nodes where the model predicts it faster than every
-  // flat row with a formula. Hierarchical is a candidate where the shape runs it and
-  // nothing is forced.
-  const bool by_cost = c == Collective::kAllgather;
-  const bool hier = forced == Algorithm::kAuto && hierarchical_possible();
-  if (by_cost || (hier && find_entry(c, Algorithm::kHierarchical) != nullptr)) {
-    std::vector<Algorithm> candidates;
-    for (const AlgorithmEntry& e : algorithm_table()) {
-      const bool runs = over_tcp(e.algorithm) || (hier && e.algorithm == Algorithm::kHierarchical);
-      if (e.collective == c && e.cost != nullptr && runs) candidates.push_back(e.algorithm);
-    }
-    const Algorithm best = cheapest(c, bytes, shape_, cost_, candidates);
-    if (by_cost || best == Algorithm::kHierarchical) return best;
-  }
-  // Broadcast and reduce over tcp: the binomial tree while latency dominates, the
-  // pipelined chain beyond (Tuning::tree_limit_bytes, measured with chorus-bench, 2-8
-  // ranks over loopback).
-  if (c == Collective::kBroadcast || c == Collective::kReduce) {
-    return bytes <= cost_.tuning.tree_limit_bytes ? Algorithm::kBinomialTree : Algorithm::kRing;
-  }
-  // The others have one algorithm over tcp: their first row that is neither.
-  for (const AlgorithmEntry& e : algorithm_table()) {
-    if (e.collective == c && over_tcp(e.algorithm)) return e.algorithm;
-  }
-  return Algorithm::kAuto;
+  // Hierarchical is a candidate where the shape runs it and nothing is forced.
+  return tcp_choice(c, bytes, shape_, cost_, forced == Algorithm::kAuto && hierarchical_possible());
 }
 
-algorithms::HierarchicalChoice hierarchical_choice(const algorithms::Tuning& tuning, const Topology& topology,
+std::vector<Algorithm> costed_rows(Collective c, bool hierarchical, bool shm) {
+  std::vector<Algorithm> rows;
+  for (const AlgorithmEntry& e : algorithm_table()) {
+    const bool runs = over_tcp(e.algorithm) || (hierarchical && e.algorithm == Algorithm::kHierarchical) ||
+                      (shm && e.algorithm == Algorithm::kShmDirect);
+    if (e.collective == c && e.cost != nullptr && runs) rows.push_back(e.algorithm);
+  }
+  return rows;
+}
+
+Algorithm tcp_choice(Collective c, size_t bytes, const Shape& shape, const CostParams& p, bool hierarchical) {
+  const algorithms::Tuning& t = p.tuning;
+  const std::vector<Algorithm> candidates = costed_rows(c, hierarchical, false);
+  if (candidates.empty()) {
+    // No formula (allgatherv, alltoallv): the collective's one algorithm over tcp, its
+    // first row that is neither shm nor hier.
+    for (const AlgorithmEntry& e : algorithm_table()) {
+      if (e.collective == c && over_tcp(e.algorithm)) return e.algorithm;
+    }
+    return Algorithm::kAuto;
+  }
+  const Algorithm best = cheapest(c, bytes, shape, p, candidates);
+  // Broadcast and reduce over tcp: the binomial tree while latency dominates, the
+  // pipelined chain beyond (Tuning::tree_limit_bytes, measured with chorus-bench, 2-8
+  // ranks over loopback), on groups of the size it was measured on; larger groups by
+  // cost, where the chain's N - 1 latencies show (hierarchical wherever it is cheapest).
+  if ((c == Collective::kBroadcast || c == Collective::kReduce) && best != Algorithm::kHierarchical) {
+    if (bytes <= t.tree_limit_bytes) return Algorithm::kBinomialTree;
+    if (static_cast<size_t>(shape.size) <= t.tree_limit_max_ranks) return Algorithm::kRing;
+  }
+  return best;
+}
+
+namespace {
+
+using CrossFn = decltype(algorithms::HierarchicalChoice::cross_allreduce);
+
+CrossFn allreduce_fn(Algorithm a) {
+  switch (a) {
+    case Algorithm::kRecursiveDoubling: return algorithms::allreduce_recursive_doubling;
+    case Algorithm::kHalvingDoubling: return algorithms::allreduce_halving_doubling;
+    default: return algorithms::allreduce_ring;
+  }
+}
+
+// The allreduce between two nodes on `block_bytes` each: the measured cut-offs
+// (Tuning::hier_allreduce_*).
+Algorithm measured_cross(const algorithms::Tuning& t, size_t block_bytes) {
+  if (block_bytes <= t.hier_allreduce_small_bytes) return Algorithm::kRecursiveDoubling;
+  return block_bytes <= t.hier_allreduce_halving_bytes ? Algorithm::kHalvingDoubling : Algorithm::kRing;
+}
+
+}  // namespace
+
+algorithms::HierarchicalChoice hierarchical_choice(const CostParams& p, const Shape& shape, const Topology& topology,
                                                    size_t count, size_t elem) {
+  const algorithms::Tuning& t = p.tuning;
   algorithms::HierarchicalChoice how;
   const size_t bytes = count * elem;
-  // Between nodes, the ranks with this rank's local rank reduce its block of the node's
-  // reduce-scatter (one size across the group).
   const int nodes = topology.nodes, local = std::max(1, topology.local_size);
-  const size_t block_bytes = block_count(count, local, topology.local_rank) * elem;
-  if (block_bytes <= tuning.hier_allreduce_small_bytes || nodes <= 1) {
-    how.cross_allreduce = algorithms::allreduce_recursive_doubling;
-  } else if (nodes == 2 && block_bytes <= tuning.hier_allreduce_halving_bytes) {
-    how.cross_allreduce = algorithms::allreduce_halving_doubling;
-  } else {
-    how.cross_allreduce = algorithms::allreduce_ring;
+  // The broadcast, between nodes and (without shared memory) inside them: on groups of
+  // the size hier_broadcast_small_bytes was measured on, by it; where either group is
+  // larger, the tree where the model predicts it faster than the chain on the larger.
+  const int group = std::max(nodes, local);
+  const double n = static_cast<double>(bytes);
+  bool tree = bytes <= t.hier_broadcast_small_bytes;
+  if (static_cast<size_t>(group) > t.tree_limit_max_ranks) {
+    tree = cost::broadcast_tree(n, Shape{.size = group}, p) <
+           cost::broadcast_chain(n, Shape{.size = group, .segment_bytes = shape.segment_bytes}, p);
   }
-  how.broadcast = bytes <= tuning.hier_broadcast_small_bytes ? algorithms::broadcast_binomial
-                                                             : algorithms::broadcast_chain;
-  // Pipelined where there is something to overlap (work inside nodes and a link between
-  // them) and at least two chunks. Large calls take larger chunks, at most
-  // hier_max_chunks of them: each chunk pays its node phases, which cost more than they
-  // hide where the link is fast (tuning.h).
-  const size_t max_chunks = std::max<size_t>(1, tuning.hier_max_chunks);
-  const size_t chunk_count = std::max({size_t{1}, tuning.hier_chunk_bytes / std::max<size_t>(1, elem),
+  how.broadcast = tree ? algorithms::broadcast_binomial : algorithms::broadcast_chain;
+  // Pipelined chunks: hier_chunk_bytes, larger ones where there would be more than
+  // hier_max_chunks (each chunk pays its node phases, which cost more than they hide
+  // where the link is fast: tuning.h).
+  const size_t max_chunks = std::max<size_t>(1, t.hier_max_chunks);
+  const size_t chunk_count = std::max({size_t{1}, t.hier_chunk_bytes / std::max<size_t>(1, elem),
                                        count / max_chunks + (count % max_chunks != 0)});
-  if (nodes > 1 && local > 1 && count > chunk_count) how.chunk_count = chunk_count;
+  const bool can_pipeline = nodes > 1 && local > 1 && count > chunk_count;
+  if (nodes > 2) {
+    // By the model: the cheapest allreduce between nodes, or the ring pipelined with the
+    // node phases where that is faster; a function of the whole call, so the same on
+    // every rank.
+    const cost::HierarchicalPlan plan =
+        cost::hierarchical_plan(n, static_cast<double>(chunk_count * elem), shape, p);
+    how.cross_allreduce = allreduce_fn(plan.cross);
+    if (plan.pipelined && can_pipeline) how.chunk_count = chunk_count;
+    return how;
+  }
+  // One or two nodes, as measured there: the rank's block of the node's reduce-scatter
+  // (of one size among the ranks of a local rank, which reduce it together) by the
+  // hier_allreduce_* cut-offs, pipelined wherever there are chunks.
+  const size_t block_bytes = block_count(count, local, topology.local_rank) * elem;
+  how.cross_allreduce =
+      allreduce_fn(nodes <= 1 ? Algorithm::kRecursiveDoubling : measured_cross(t, block_bytes));
+  if (can_pipeline) how.chunk_count = chunk_count;
   return how;
 }
 
+Shape shape_of(const algorithms::Context& ctx) {
+  const Topology& t = ctx.topology;
+  return Shape{.size = ctx.size, .nodes = t.nodes, .local_size = t.local_size, .shm = ctx.node != nullptr,
+               .hierarchical = t.nodes > 1 && t.local_size > 1 && t.uniform(), .segment_bytes = ctx.segment_bytes};
+}
+
+namespace {
+
+// The choice with the model's built-in parameters and the context's tuning table.
+algorithms::HierarchicalChoice planned_choice(const algorithms::Context& ctx, size_t count) {
+  CostParams p;
+  p.tuning = ctx.tuning;
+  return hierarchical_choice(p, shape_of(ctx), ctx.topology, count, ctx.elem);
+}
+
+}  // namespace
+
 void planned_allreduce_hierarchical(const algorithms::Context& ctx, const void* in, void* out, size_t count) {
-  algorithms::allreduce_hierarchical(ctx, hierarchical_choice(ctx.tuning, ctx.topology, count, ctx.elem), in, out,
-                                     count);
+  algorithms::allreduce_hierarchical(ctx, planned_choice(ctx, count), in, out, count);
 }
 
 void planned_broadcast_hierarchical(const algorithms::Context& ctx, void* buf, size_t count, int root) {
-  algorithms::broadcast_hierarchical(ctx, hierarchical_choice(ctx.tuning, ctx.topology, count, ctx.elem), buf, count,
-                                     root);
+  algorithms::broadcast_hierarchical(ctx, planned_choice(ctx, count), buf, count, root);
 }
 
 Plan CommunicatorImpl::plan_for(Call& call) const {
@@ -195,7 +251,12 @@ Plan CommunicatorImpl::plan_for(Call& call) const {
     }
   }
   if (plan.entry->algorithm == Algorithm::kHierarchical) {
-    call.hierarchical = hierarchical_choice(cost_.tuning, topology_, call.count, call.elem);
+    // Every rank must choose alike: whether a node's ranks share a segment is this
+    // node's (its set-up may fail where another node's succeeded), what was asked for
+    // (CHORUS_TRANSPORT, like CHORUS_COST_MODEL the same for every rank) is the job's.
+    Shape asked = shape_;
+    asked.shm = options_.transport != TransportKind::kTcp;
+    call.hierarchical = hierarchical_choice(cost_, asked, topology_, call.count, call.elem);
   }
   if (plan.at_issue() != nullptr && starts_at_issue(plan, call)) plan.start = Start::kAtIssue;
   return plan;

@@ -46,20 +46,43 @@ struct Call {
   algorithms::HierarchicalChoice hierarchical;
 };
 
-// The rule for a hierarchical call's inner algorithms (the Tuning cut-offs hier_*,
-// measured over loopback before the cost model chose flat algorithms): between nodes,
-// the allreduce of this rank's block by recursive doubling up to
-// hier_allreduce_small_bytes, halving-doubling (two nodes) up to
-// hier_allreduce_halving_bytes, the ring beyond; broadcast by the binomial tree up to
-// hier_broadcast_small_bytes, the chain beyond; allreduces of more than
-// hier_chunk_bytes pipelined in chunks of that size, at most hier_max_chunks of them.
-// A function of the call and the topology only, so that every rank makes the same
-// choice; plan_for() and the algorithm tests use it.
-algorithms::HierarchicalChoice hierarchical_choice(const algorithms::Tuning& tuning, const Topology& topology,
+// The automatic choice of `c` on `bytes` among its rows over tcp, and its hierarchical
+// row where `hierarchical` (the shape runs it and nothing is forced): the cheapest by
+// the rows' formulas (cost_model.h; cheapest() and its measured two-rank cut-off),
+// except that broadcast and reduce take the binomial tree up to
+// Tuning::tree_limit_bytes and, on groups of up to Tuning::tree_limit_max_ranks, the
+// chain beyond (the measured rule), and that collectives without formulas (allgatherv,
+// alltoallv) take their one row over tcp. A function of the shape and the parameters
+// only: Communicator::algorithm_for() asks it once shared memory is ruled out, and the
+// tests sweep it over shapes no test can start (1,024 to 16,384 ranks).
+Algorithm tcp_choice(Collective c, size_t bytes, const Shape& shape, const CostParams& p, bool hierarchical);
+// The rows of `c` with a cost formula that run over tcp, with its hierarchical and shm
+// rows where asked for, in table order.
+std::vector<Algorithm> costed_rows(Collective c, bool hierarchical, bool shm);
+
+// What runs inside a hierarchical call (plan_for() and the algorithm tests use it):
+// - between nodes, the allreduce of this rank's block: on two nodes by the cut-offs
+//   measured there (Tuning::hier_allreduce_small_bytes: recursive doubling,
+//   hier_allreduce_halving_bytes: halving-doubling, the ring beyond), on more by the
+//   cost model (cost::cheapest_tcp_allreduce: the ring's 2(nodes - 1) latencies against
+//   log2 nodes);
+// - the broadcast (binomial tree or chain): on groups of up to
+//   Tuning::tree_limit_max_ranks by hier_broadcast_small_bytes, on larger ones by the
+//   model;
+// - allreduces of more than hier_chunk_bytes pipelined in chunks of that size (at most
+//   hier_max_chunks of them), where the exchange between nodes is the ring: always on
+//   two nodes, on more where the model chooses the ring.
+// A function of the call, the shape and the topology only, so that every rank given
+// the same shape makes the same choice (the allreduce between nodes the same among the
+// ranks of one local rank, which reduce blocks of one size).
+algorithms::HierarchicalChoice hierarchical_choice(const CostParams& p, const Shape& shape, const Topology& topology,
                                                    size_t count, size_t elem);
-// The hierarchical allreduce and broadcast with that choice, for ctx's tuning and
-// topology: the algorithms as a communicator runs them, for programs that run them
-// without one (the algorithm tests, the simulator's).
+// The shape of ctx's group as the cost model sees it (its topology, whether its node
+// shares a segment, its pipelining segment).
+Shape shape_of(const algorithms::Context& ctx);
+// The hierarchical allreduce and broadcast with that choice, for ctx's tuning, topology
+// and shape and the model's built-in parameters: the algorithms as a communicator runs
+// them, for programs that run them without one (the algorithm tests, the simulator's).
 void planned_allreduce_hierarchical(const algorithms::Context& ctx, const void* in, void* out, size_t count);
 void planned_broadcast_hierarchical(const algorithms::Context& ctx, void* buf, size_t count, int root);
 

@@ -174,30 +174,36 @@ TEST_P(AlgorithmsTest, Allreduce) {
   });
 }
 
-// ---- reduce_scatter (ring): block `rank` of the reduction of size * count elements.
+// ---- reduce_scatter (ring, recursive halving): block `rank` of the reduction of size *
+// count elements.
+
+using ReduceScatterFn = void (*)(const alg::Context&, const void*, void*, size_t);
+
+void reduce_scatter_cases(RankContext& rc, const char* name, ReduceScatterFn fn, bool pipelined) {
+  const int rank = rc.rank(), size = rc.size();
+  sweep_reductions(rc, [&](DataType d, ReduceOp op, const ReduceExpectation& expect, size_t n) {
+    const size_t elem = dtype_size(d);
+    for (size_t segment : segments(pipelined, n)) {
+      for (bool in_place : {false, true}) {
+        const size_t total = n * size, mine = static_cast<size_t>(rank) * n;
+        Bytes in(total * elem), out(n * elem + elem, kSentinelByte);
+        fill_reduce_input(d, op, rank, in.data(), 0, total);
+        uint8_t* result = in_place ? in.data() + mine * elem : out.data();
+        fn(rc.begin("reduce_scatter", d, true, op, n, -1, segment), in.data(), result, n);
+        std::string at = where(name, rc, d, op_name(op), n, segment, in_place, "");
+        EXPECT_EQ(expect.check(result, mine, n), "") << at;
+        if (in_place) continue;
+        EXPECT_EQ(check_sentinel(out.data() + n * elem, elem), "") << at;
+        EXPECT_EQ(check_reduce_input(d, op, rank, in.data(), 0, total), "") << at;
+      }
+    }
+  });
+}
 
 TEST_P(AlgorithmsTest, ReduceScatter) {
   on_ranks(GetParam(), [](RankContext& rc) {
-    const int rank = rc.rank(), size = rc.size();
-    sweep_reductions(rc, [&](DataType d, ReduceOp op, const ReduceExpectation& expect, size_t n) {
-      const size_t elem = dtype_size(d);
-      for (size_t segment : segments(true, n)) {
-        for (bool in_place : {false, true}) {
-          const size_t total = n * size, mine = static_cast<size_t>(rank) * n;
-          Bytes in(total * elem), out(n * elem + elem, kSentinelByte);
-          fill_reduce_input(d, op, rank, in.data(), 0, total);
-          uint8_t* result = in_place ? in.data() + mine * elem : out.data();
-          alg::reduce_scatter_ring(rc.begin("reduce_scatter", d, true, op, n, -1, segment),
-                                   in.data(), result, n);
-          std::string at =
-              where("reduce_scatter_ring", rc, d, op_name(op), n, segment, in_place, "");
-          EXPECT_EQ(expect.check(result, mine, n), "") << at;
-          if (in_place) continue;
-          EXPECT_EQ(check_sentinel(out.data() + n * elem, elem), "") << at;
-          EXPECT_EQ(check_reduce_input(d, op, rank, in.data(), 0, total), "") << at;
-        }
-      }
-    });
+    reduce_scatter_cases(rc, "reduce_scatter_ring", alg::reduce_scatter_ring, true);
+    reduce_scatter_cases(rc, "reduce_scatter_halving", alg::reduce_scatter_halving, false);
   });
 }
 
@@ -310,43 +316,58 @@ TEST_P(AlgorithmsTest, Reduce) {
   });
 }
 
-// ---- gather and scatter (direct), every root.
+// ---- gather and scatter (direct, binomial tree), every root.
 
-TEST_P(AlgorithmsTest, GatherScatter) {
-  on_ranks(GetParam(), [](RankContext& rc) {
-    const int rank = rc.rank(), size = rc.size();
-    sweep_moves([&](DataType d, size_t n) {
-      const size_t elem = dtype_size(d), total = n * size;
-      for (int root : roots_for(size, n)) {
-        std::string at = where("gather_direct", rc, d, "-", n, 0, false, "") + ", root " +
-                         std::to_string(root);
+using RootedFn = void (*)(const alg::Context&, const void*, void*, size_t, int);
+
+void gather_scatter_cases(RankContext& rc, const char* gather_name, RootedFn gather, const char* scatter_name,
+                          RootedFn scatter) {
+  const int rank = rc.rank(), size = rc.size();
+  sweep_moves([&](DataType d, size_t n) {
+    const size_t elem = dtype_size(d), total = n * size;
+    for (int root : roots_for(size, n)) {
+      for (bool in_place : {false, true}) {
+        // In place: the root's own block is already at its place in the result
+        // (gather) or taken from it (scatter).
+        const bool at_root = in_place && rank == root;
+        std::string at = where(gather_name, rc, d, "-", n, 0, in_place, "") + ", root " + std::to_string(root);
         Bytes in(n * elem), out(total * elem + elem, kSentinelByte);
-        fill_move(d, rank, in.data(), 0, n);
-        alg::gather_direct(rc.begin("gather", d, false, ReduceOp::kSum, n, root), in.data(),
-                           out.data(), n, root);
+        uint8_t* own = at_root ? out.data() + static_cast<size_t>(root) * n * elem : in.data();
+        fill_move(d, rank, own, 0, n);
+        gather(rc.begin("gather", d, false, ReduceOp::kSum, n, root), own, out.data(), n, root);
         if (rank == root) {
           for (int r = 0; r < size; ++r) {
-            EXPECT_EQ(check_move(d, r, out.data() + r * n * elem, 0, n), "") << at;
+            EXPECT_EQ(check_move(d, r, out.data() + r * n * elem, 0, n), "") << at << ", block " << r;
           }
           EXPECT_EQ(check_sentinel(out.data() + total * elem, elem), "") << at;
         } else {
           EXPECT_EQ(check_sentinel(out.data(), out.size()), "") << at;
         }
-        EXPECT_EQ(check_move(d, rank, in.data(), 0, n), "") << at;
+        if (!at_root) {
+          EXPECT_EQ(check_move(d, rank, in.data(), 0, n), "") << at;
+        }
 
-        at = where("scatter_direct", rc, d, "-", n, 0, false, "") + ", root " +
-             std::to_string(root);
+        at = where(scatter_name, rc, d, "-", n, 0, in_place, "") + ", root " + std::to_string(root);
         Bytes all(total * elem), mine(n * elem + elem, kSentinelByte);
         if (rank == root) fill_move(d, root, all.data(), 0, total);
-        alg::scatter_direct(rc.begin("scatter", d, false, ReduceOp::kSum, n, root), all.data(),
-                            mine.data(), n, root);
-        EXPECT_EQ(check_move(d, root, mine.data(), static_cast<size_t>(rank) * n, n), "") << at;
-        EXPECT_EQ(check_sentinel(mine.data() + n * elem, elem), "") << at;
+        uint8_t* result = at_root ? all.data() + static_cast<size_t>(root) * n * elem : mine.data();
+        scatter(rc.begin("scatter", d, false, ReduceOp::kSum, n, root), all.data(), result, n, root);
+        EXPECT_EQ(check_move(d, root, result, static_cast<size_t>(rank) * n, n), "") << at;
+        if (!at_root) {
+          EXPECT_EQ(check_sentinel(mine.data() + n * elem, elem), "") << at;
+        }
         if (rank == root) {
           EXPECT_EQ(check_move(d, root, all.data(), 0, total), "") << at;
         }
       }
-    });
+    }
+  });
+}
+
+TEST_P(AlgorithmsTest, GatherScatter) {
+  on_ranks(GetParam(), [](RankContext& rc) {
+    gather_scatter_cases(rc, "gather_direct", alg::gather_direct, "scatter_direct", alg::scatter_direct);
+    gather_scatter_cases(rc, "gather_binomial", alg::gather_binomial, "scatter_binomial", alg::scatter_binomial);
   });
 }
 
@@ -490,6 +511,35 @@ TEST_P(AlgorithmsTest, Hierarchical) {
 
 TEST_P(AlgorithmsTest, AllgatherBruck) {
   on_ranks(GetParam(), [](RankContext& rc) { allgather_cases(rc, "allgather_bruck", alg::allgather_bruck); });
+}
+
+// ---- alltoall (Bruck): ceil(log2 size) rounds of the blocks whose index has the
+// round's bit set, and the rotations; out's block q = block `rank` of rank q's in, in
+// place and out of place.
+
+TEST_P(AlgorithmsTest, AlltoallBruck) {
+  on_ranks(GetParam(), [](RankContext& rc) {
+    const int rank = rc.rank(), size = rc.size();
+    sweep_moves([&](DataType d, size_t n) {
+      const size_t elem = dtype_size(d), total = n * size;
+      for (bool in_place : {false, true}) {
+        // Rank q's block for rank p: elements p * n .. (p + 1) * n - 1 of q's pattern.
+        Bytes in(total * elem), out(total * elem + elem, kSentinelByte);
+        fill_move(d, rank, in_place ? out.data() : in.data(), 0, total);
+        alg::alltoall_bruck(rc.begin("alltoall", d, false, ReduceOp::kSum, n), in_place ? out.data() : in.data(),
+                            out.data(), n);
+        std::string at = where("alltoall_bruck", rc, d, "-", n, 0, in_place, "");
+        for (int q = 0; q < size; ++q) {
+          EXPECT_EQ(check_move(d, q, out.data() + q * n * elem, static_cast<size_t>(rank) * n, n), "")
+              << at << ", from rank " << q;
+        }
+        EXPECT_EQ(check_sentinel(out.data() + total * elem, elem), "") << at;
+        if (!in_place) {
+          EXPECT_EQ(check_move(d, rank, in.data(), 0, total), "") << at;
+        }
+      }
+    });
+  });
 }
 
 // Every inner choice the plan can make, whatever the size: each allreduce between nodes

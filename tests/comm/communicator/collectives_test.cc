@@ -60,7 +60,7 @@ bool quick_sweep() {
 // Not divisible by any world size > 1; still several shared-memory chunks when quick.
 const size_t kBig = quick_sweep() ? (size_t{1} << 18) + 3 : (size_t{1} << 20) + 3;
 constexpr size_t kSmallCounts[] = {0, 1, 7, 1000};
-// Forced bruck runs the allgather (its one collective); the others keep their choice over tcp.
+// Forced bruck runs the allgather and the alltoall (its collectives); the others keep their choice over tcp.
 constexpr Algorithm kAlgorithms[] = {Algorithm::kAuto, Algorithm::kRing, Algorithm::kRecursiveDoubling,
                                      Algorithm::kHalvingDoubling, Algorithm::kBruck};
 constexpr DataType kBigSubset[] = {DataType::kFloat32, DataType::kBFloat16, DataType::kInt8};
@@ -104,11 +104,11 @@ struct RankResult {
 
 using CaseFn = std::function<void(Communicator&, const Case&, RankResult&)>;
 
-// Whether the sweep runs `collective` with `algorithm` forced. Bruck is allgather's
-// only: forced on another collective it leaves the choice automatic over tcp, which the
-// groups of ring, rd and hd already run.
+// Whether the sweep runs `collective` with `algorithm` forced. Bruck's are allgather's
+// and alltoall's only: forced on another collective it leaves the choice automatic over
+// tcp, which the groups of ring, rd and hd already run.
 bool swept(std::string_view collective, Algorithm algorithm) {
-  return algorithm != Algorithm::kBruck || collective == "allgather";
+  return algorithm != Algorithm::kBruck || collective == "allgather" || collective == "alltoall";
 }
 
 std::vector<int> roots_for(int size) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
+#include "comm/communicator/cost_model.h"
 #include "comm/communicator/plan.h"
 #include "comm/sim/simulator.h"
 #include "util/expected.h"
@@ -63,15 +64,15 @@ void allreduce_case(RankEnv& env, const char* name, AllreduceFn fn, DataType d, 
       << at(name, env, d, n);
 }
 
-void reduce_scatter_case(RankEnv& env, DataType d, ReduceOp op, size_t n) {
+void reduce_scatter_case(RankEnv& env, const char* name, AllreduceFn fn, DataType d, ReduceOp op, size_t n) {
   const size_t elem = dtype_size(d), total = n * env.size();
   Bytes in(total * elem), out(n * elem);
   fill_reduce_input(d, op, env.rank(), in.data(), 0, total);
-  alg::reduce_scatter_ring(env.begin("reduce_scatter", d, true, op, n), in.data(), out.data(), n);
+  fn(env.begin("reduce_scatter", d, true, op, n), in.data(), out.data(), n);
   EXPECT_EQ(ReduceExpectation(d, op, env.size())
                 .count_wrong(out.data(), static_cast<size_t>(env.rank()) * n, n, 0),
             0u)
-      << at("reduce_scatter_ring", env, d, n);
+      << at(name, env, d, n);
 }
 
 void reduce_case(RankEnv& env, const char* name, ReduceAlgoFn fn, DataType d, ReduceOp op,
@@ -114,25 +115,28 @@ void allgatherv_case(RankEnv& env, DataType d, size_t n) {
   }
 }
 
-void gather_scatter_case(RankEnv& env, DataType d, size_t n, int root) {
+// The direct algorithms, or the binomial trees (`tree`).
+void gather_scatter_case(RankEnv& env, DataType d, size_t n, int root, bool tree = false) {
   const int size = env.size(), rank = env.rank();
   const size_t elem = dtype_size(d), total = n * size;
+  const char* gather_name = tree ? "gather_binomial" : "gather_direct";
+  const char* scatter_name = tree ? "scatter_binomial" : "scatter_direct";
   Bytes in(n * elem), all(total * elem);
   fill_move(d, rank, in.data(), 0, n);
-  alg::gather_direct(env.begin("gather", d, false, ReduceOp::kSum, n, root), in.data(),
-                     all.data(), n, root);
+  (tree ? alg::gather_binomial : alg::gather_direct)(env.begin("gather", d, false, ReduceOp::kSum, n, root),
+                                                     in.data(), all.data(), n, root);
   if (rank == root) {
     for (int r = 0; r < size; ++r) {
       EXPECT_EQ(check_move(d, r, all.data() + r * n * elem, 0, n), "")
-          << at("gather_direct", env, d, n, root) << ", block " << r;
+          << at(gather_name, env, d, n, root) << ", block " << r;
     }
     fill_move(d, root, all.data(), 0, total);
   }
   Bytes mine(n * elem);
-  alg::scatter_direct(env.begin("scatter", d, false, ReduceOp::kSum, n, root), all.data(),
-                      mine.data(), n, root);
+  (tree ? alg::scatter_binomial : alg::scatter_direct)(env.begin("scatter", d, false, ReduceOp::kSum, n, root),
+                                                       all.data(), mine.data(), n, root);
   EXPECT_EQ(check_move(d, root, mine.data(), static_cast<size_t>(rank) * n, n), "")
-      << at("scatter_direct", env, d, n, root);
+      << at(scatter_name, env, d, n, root);
 }
 
 // Rank `from` sends c(from, to) = n + (from + 2 to) % 3 elements to `to` (none when n is
@@ -161,6 +165,20 @@ void alltoallv_case(RankEnv& env, DataType d, size_t n) {
 
 using AllgatherFn = void (*)(const alg::Context&, const void*, void*, size_t);
 
+// Alltoall of equal blocks by Bruck's algorithm: block q of the output is block `rank`
+// of rank q's input.
+void alltoall_bruck_case(RankEnv& env, DataType d, size_t n) {
+  const int size = env.size(), rank = env.rank();
+  const size_t elem = dtype_size(d), total = n * size;
+  Bytes in(total * elem), out(total * elem);
+  fill_move(d, rank, in.data(), 0, total);
+  alg::alltoall_bruck(env.begin("alltoall", d, false, ReduceOp::kSum, n), in.data(), out.data(), n);
+  for (int q = 0; q < size; ++q) {
+    EXPECT_EQ(check_move(d, q, out.data() + q * n * elem, static_cast<size_t>(rank) * n, n), "")
+        << at("alltoall_bruck", env, d, n) << ", from rank " << q;
+  }
+}
+
 void allgather_case(RankEnv& env, const char* name, AllgatherFn fn, DataType d, size_t n) {
   const size_t elem = dtype_size(d);
   Bytes in(n * elem), out(n * env.size() * elem);
@@ -185,7 +203,8 @@ void all_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n) {
   allreduce_case(env, "allreduce_ring", alg::allreduce_ring, d, op, n);
   allreduce_case(env, "allreduce_recursive_doubling", alg::allreduce_recursive_doubling, d, op, n);
   allreduce_case(env, "allreduce_halving_doubling", alg::allreduce_halving_doubling, d, op, n);
-  reduce_scatter_case(env, d, op, n);
+  reduce_scatter_case(env, "reduce_scatter_ring", alg::reduce_scatter_ring, d, op, n);
+  reduce_scatter_case(env, "reduce_scatter_halving", alg::reduce_scatter_halving, d, op, n);
   allgatherv_case(env, d, n);
   allgather_case(env, "allgather_bruck", alg::allgather_bruck, d, n);
   for (int root : {0, env.size() - 1}) {
@@ -194,8 +213,10 @@ void all_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n) {
     reduce_case(env, "reduce_binomial", alg::reduce_binomial, d, op, n, root);
     reduce_case(env, "reduce_ring", alg::reduce_ring, d, op, n, root);
     gather_scatter_case(env, d, n, root);
+    gather_scatter_case(env, d, n, root, true);
   }
   alltoallv_case(env, d, n);
+  alltoall_bruck_case(env, d, n);
   alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
 }
 
@@ -239,7 +260,9 @@ TEST(Sim1024, Allreduce) {
 
 TEST(Sim1024, ReduceScatterAllgatherv) {
   Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
-    reduce_scatter_case(env, DataType::kInt32, ReduceOp::kSum, 3);
+    reduce_scatter_case(env, "reduce_scatter_ring", alg::reduce_scatter_ring, DataType::kInt32, ReduceOp::kSum, 3);
+    reduce_scatter_case(env, "reduce_scatter_halving", alg::reduce_scatter_halving, DataType::kFloat32,
+                        ReduceOp::kMax, 3);
     allgatherv_case(env, DataType::kFloat32, 3);
     allgather_case(env, "allgather_bruck", alg::allgather_bruck, DataType::kFloat32, 3);
     allgather_case(env, "allgather_bruck", alg::allgather_bruck, DataType::kInt64, 1);
@@ -260,8 +283,32 @@ TEST(Sim1024, BroadcastReduce) {
 TEST(Sim1024, GatherScatterBarrier) {
   Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
     gather_scatter_case(env, DataType::kInt64, 5, 1023);
+    gather_scatter_case(env, DataType::kInt64, 5, 1023, true);
+    gather_scatter_case(env, DataType::kInt64, 3, 0, true);
     alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
   });
+}
+
+// Bruck's alltoall at 1,024 ranks talks to 2 log2 N - 1 peers (rank + 2^k and rank -
+// 2^k) instead of N - 1, and takes its formula's ceil(log2 N) latencies (a flat network,
+// bytes free).
+TEST(Sim1024, AlltoallBruckTalksToLog2Peers) {
+  Result r = Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
+    alltoall_bruck_case(env, DataType::kInt64, 1);
+  });
+  EXPECT_EQ(r.max_peers, 19u);
+  const double alpha = 5e-6;
+  communicator::CostParams count;
+  count.tcp_alpha_us = 1;
+  count.tcp_gbps = count.shm_gbps = 1e12;
+  communicator::Shape shape;
+  shape.size = shape.nodes = kRanks;
+  const double rounds = communicator::predicted_us(Collective::kAlltoall, Algorithm::kBruck, 8 * kRanks, shape, count);
+  EXPECT_NEAR(rounds, 10, 0.01);
+  r = Simulator().run(kRanks, 1, flat_model(alpha, 1e12), [](RankEnv& env) {
+    alltoall_bruck_case(env, DataType::kFloat64, 1);
+  });
+  EXPECT_NEAR(r.time, rounds * alpha, 0.01 * rounds * alpha);
 }
 
 TEST(Sim1024, AlltoallvTalksToEveryRank) {
@@ -480,6 +527,51 @@ TEST(Sim1024, BruckAllgatherScalesWithLog2) {
     EXPECT_NEAR(bruck, rounds * alpha + (N - 1) * 8 / beta, 0.01 * rounds * alpha) << N << " ranks";
     EXPECT_NEAR(ring, (N - 1) * (alpha + 8 / beta), 0.01 * (N - 1) * alpha) << N << " ranks";
     EXPECT_LT(bruck * 50, ring) << N << " ranks";
+  }
+}
+
+// The algorithms the plan takes for small calls at scale (issue 42), 8 bytes a block on
+// 1,000 and 1,024 ranks, one per node: recursive halving's reduce_scatter and the
+// binomial gather and scatter take the latencies their cost formulas count
+// (cost_model.h, with a latency of one and free bytes), or fewer: ceil(log2 N) give or
+// take the fold, where the ring's reduce_scatter takes N - 1.
+TEST(Sim1024, SmallCallAlgorithmsTakeTheirFormulasLatencies) {
+  const double alpha = 5e-6, beta = 1e12;
+  communicator::CostParams count;
+  count.tcp_alpha_us = count.shm_alpha_us = 1;
+  count.tcp_gbps = count.shm_gbps = count.reduce_gbps = 1e12;
+  for (int N : {1000, 1024}) {
+    communicator::Shape shape;
+    shape.size = shape.nodes = N;
+    auto simulated = [&](const std::function<void(RankEnv&)>& body) {
+      return Simulator().run(N, 1, flat_model(alpha, beta), body).time;
+    };
+    const double halving = simulated([](RankEnv& env) {
+      reduce_scatter_case(env, "reduce_scatter_halving", alg::reduce_scatter_halving, DataType::kFloat64,
+                          ReduceOp::kSum, 1);
+    });
+    const double ring = simulated([](RankEnv& env) {
+      reduce_scatter_case(env, "reduce_scatter_ring", alg::reduce_scatter_ring, DataType::kFloat64, ReduceOp::kSum, 1);
+    });
+    const double gather_scatter = simulated([](RankEnv& env) {
+      gather_scatter_case(env, DataType::kFloat64, 1, 7, true);
+    });
+    auto latencies = [&](Collective c, Algorithm a, size_t bytes) {
+      return communicator::predicted_us(c, a, bytes, shape, count);
+    };
+    const double hd_steps = latencies(Collective::kReduceScatter, Algorithm::kHalvingDoubling, 8 * N);
+    const double tree_steps = latencies(Collective::kGather, Algorithm::kBinomialTree, 8) +
+                              latencies(Collective::kScatter, Algorithm::kBinomialTree, 8);
+    EXPECT_NEAR(halving, hd_steps * alpha, 0.01 * hd_steps * alpha) << N << " ranks";
+    EXPECT_NEAR(ring, (N - 1) * alpha, 0.01 * (N - 1) * alpha) << N << " ranks";
+    // The trees' depth: the formulas count ceil(log2 N) rounds a tree; the simulator
+    // overlaps a rank's messages with several peers, which leaves the height of the
+    // tree, floor(log2 N) (the same at 1,024).
+    const double height = 2 * std::floor(std::log2(N));
+    EXPECT_NEAR(gather_scatter, height * alpha, 0.01 * height * alpha) << N << " ranks";
+    EXPECT_LE(gather_scatter, tree_steps * alpha * 1.01) << N << " ranks";
+    EXPECT_LE(hd_steps, std::ceil(std::log2(N)) + 2) << N << " ranks";
+    EXPECT_NEAR(tree_steps, 2 * std::ceil(std::log2(N)), 0.01) << N << " ranks";
   }
 }
 
