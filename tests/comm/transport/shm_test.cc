@@ -662,6 +662,64 @@ TEST(Shm, TheAlgorithmsStayExactAtTheTuningTablesExtremes) {
   }
 }
 
+// Twelve ranks on one node have fewer stream slots each (8) than peers (11): the flat
+// algorithms (forced ring: ring allreduce and allgather, chain broadcast) and gather,
+// scatter and alltoall (their tcp algorithms through the streams: no cross-memory
+// attach beyond two ranks) bind slots as they go, messages larger than a slot's ring
+// included, and every block arrives exactly.
+TEST(Shm, TwelveRanksShareTheirStreamSlotsExactly) {
+  auto value = [](size_t i, int from, int to) {
+    return static_cast<int32_t>(i * 2654435761u + 7919u * from + 104729u * to);
+  };
+  for (bool ring : {false, true}) {
+    SCOPED_TRACE(ring ? "ring forced" : "auto");
+    CommOptions options = test::test_options();
+    if (ring) options.algorithm = Algorithm::kRing;
+    run_ranks(12, options, [](int) { return ""; }, [&](Communicator& c) {
+      const int me = c.rank(), p = c.size();
+      for (size_t n : {size_t{1}, size_t{3000}, size_t{20000}}) {
+        std::vector<int32_t> send(n * p), recv(n * p, -5);
+        for (int to = 0; to < p; ++to) {
+          for (size_t i = 0; i < n; ++i) send[to * n + i] = value(i, me, to);
+        }
+        c.alltoall(send.data(), recv.data(), n, DataType::kInt32).wait();
+        for (int from = 0; from < p; ++from) {
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(recv[from * n + i], value(i, from, me)) << "alltoall of " << n << ", from " << from;
+          }
+        }
+        const int root = static_cast<int>(n % p);
+        std::fill(recv.begin(), recv.end(), -5);
+        c.gather(send.data(), recv.data(), n, DataType::kInt32, root).wait();
+        for (int from = 0; me == root && from < p; ++from) {
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(recv[from * n + i], value(i, from, 0)) << "gather of " << n << ", from " << from;
+          }
+        }
+        std::fill(recv.begin(), recv.end(), -5);
+        c.scatter(send.data(), recv.data(), n, DataType::kInt32, root).wait();
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv[i], value(i, root, me)) << "scatter of " << n;
+        std::fill(recv.begin(), recv.end(), -5);
+        c.allgather(send.data(), recv.data(), n, DataType::kInt32).wait();
+        for (int from = 0; from < p; ++from) {
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(recv[from * n + i], value(i, from, 0)) << "allgather of " << n << ", from " << from;
+          }
+        }
+        c.broadcast(send.data(), recv.data(), n, DataType::kInt32, root).wait();
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv[i], value(i, root, 0)) << "broadcast of " << n;
+        for (size_t i = 0; i < n; ++i) send[i] = value(i, me, 0) & 0xffff;  // sums that fit
+        c.allreduce(send.data(), recv.data(), n, DataType::kInt32, ReduceOp::kSum).wait();
+        for (size_t i = 0; i < n; ++i) {
+          int32_t sum = 0;
+          for (int r = 0; r < p; ++r) sum += value(i, r, 0) & 0xffff;
+          ASSERT_EQ(recv[i], sum) << "allreduce of " << n << ", element " << i;
+        }
+      }
+    });
+  }
+}
+
 // Gather, scatter, alltoall, alltoallv and allgatherv read each other's buffers where
 // cross-memory attach is on (here for 3 ranks through CHORUS_SHM_CMA=all; with 2 the
 // collective sweep covers them) and run their tcp algorithms where it is off: both give every block exactly,

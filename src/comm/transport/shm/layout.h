@@ -4,9 +4,12 @@
 // ShmTransport (shm_transport.cc: point-to-point streams). Internal to
 // src/comm/transport/shm/: nothing outside this folder includes it.
 //
-// Segment: a header page; one control block per local rank; two buffers per local
-// rank; then one stream (a ring with its head and tail on a page of their own) per
-// ordered pair of local ranks.
+// Segment (Layout below): a header page; one control block per local rank; two
+// buffers per local rank; then each local rank's stream slots, the rings it sends
+// through. Every part grows with the local ranks, none with their pairs: with up to
+// kStreamSlots + 1 local ranks each rank has a slot per peer, bound to it for good;
+// beyond, kStreamSlots slots that it binds to the peers it sends to as it needs them
+// (shm_transport.h).
 #pragma once
 
 #include <linux/futex.h>
@@ -30,7 +33,7 @@
 namespace chorus::transport::shm {
 
 inline constexpr uint64_t kMagic = 0x6d68732d73756f68ULL;  // "hous-shm"
-inline constexpr uint32_t kVersion = 9;
+inline constexpr uint32_t kVersion = 10;
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr size_t kControlBytes = 1152;
 inline constexpr size_t kReasonBytes = 640;
@@ -39,30 +42,65 @@ enum State : uint32_t { kActive = 0, kClosed = 1, kAborted = 2 };
 
 inline size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-inline size_t data_offset(int local_size) {
-  return round_up(kHeaderBytes + static_cast<size_t>(local_size) * kControlBytes, 4096);
-}
+// The stream slots of a local rank beyond kStreamSlots + 1 local ranks, and their rings.
+// A sender with more peers than slots binds a slot to a peer when it first sends to it
+// and binds it to another once that peer has read all of it. 8 x 32 KiB: 256 ranks'
+// slots take 64 MiB, where a ring per ordered pair (64 KiB each) took 4.3 GB.
+inline constexpr int kStreamSlots = 8;
+inline constexpr size_t kPooledRingBytes = size_t{32} << 10;
+// The most that the buffers of all local ranks may take together: a rank's two buffers
+// shrink (powers of two, not below kMinBufferBytes) once the node has more than 32 ranks
+// of the default 1 MiB. 256 ranks: 128 KiB each, 64 MiB in all, where 512 MiB.
+inline constexpr size_t kBuffersBudget = size_t{64} << 20;
+inline constexpr size_t kMinBufferBytes = size_t{64} << 10;
 
-// Point to point: each ordered pair's ring. The segment reserves its pages, so the rings
-// shrink as pairs multiply: 256 KiB up to 6 ranks, 128 KiB for 7 and 8 (7 MiB in all),
-// 64 KiB from 9 on (15 MiB for 16 ranks).
-inline size_t channel_bytes_for(int local_size) {
-  const size_t pairs = static_cast<size_t>(local_size) * static_cast<size_t>(std::max(local_size - 1, 1));
-  size_t bytes = size_t{256} << 10;
-  while (bytes > (size_t{64} << 10) && bytes * pairs > (size_t{8} << 20)) bytes /= 2;
-  return bytes;
-}
-// A channel: its head and tail on a page of their own, then the ring.
-inline size_t channel_stride(int local_size) { return 4096 + channel_bytes_for(local_size); }
+// Where everything lies in a segment of `local_size` ranks; of(). The same on every
+// rank: set-up compares the header's copy of it.
+struct Layout {
+  int local_size = 0;
+  size_t buffer_bytes = 0;   // each of a rank's two buffers
+  int slots = 0;             // stream slots per local rank
+  bool pooled = false;       // slots bound on demand (fewer slots than peers)
+  size_t ring_bytes = 0;     // each slot's ring
+  size_t slot_control = 0;   // a slot's head and tail before its ring
+  size_t data_offset = 0;    // the buffers
+  size_t slots_offset = 0;   // the stream slots, a rank's together
+  size_t bytes = 0;          // the segment
 
-inline size_t channels_offset(int local_size, size_t buffer_bytes) {
-  return data_offset(local_size) + static_cast<size_t>(local_size) * 2 * buffer_bytes;
-}
-
-inline size_t segment_bytes(int local_size, size_t buffer_bytes) {
-  const size_t pairs = static_cast<size_t>(local_size) * static_cast<size_t>(local_size - 1);
-  return channels_offset(local_size, buffer_bytes) + pairs * channel_stride(local_size);
-}
+  size_t slot_stride() const { return slot_control + ring_bytes; }
+  // A rank's buffers for `requested` bytes each (GroupConfig::buffer_bytes): within
+  // kBuffersBudget for all, never more than requested.
+  static size_t buffer_bytes_for(int local_size, size_t requested) {
+    const size_t ranks = static_cast<size_t>(std::max(local_size, 1));
+    size_t bytes = requested;
+    while (bytes > kMinBufferBytes && bytes * 2 * ranks > kBuffersBudget) bytes /= 2;
+    return bytes;
+  }
+  static Layout of(int local_size, size_t requested_buffer_bytes) {
+    Layout l;
+    l.local_size = local_size;
+    l.buffer_bytes = buffer_bytes_for(local_size, requested_buffer_bytes);
+    const int peers = std::max(local_size - 1, 1);
+    l.pooled = peers > kStreamSlots;
+    l.slots = l.pooled ? kStreamSlots : peers;
+    if (l.pooled) {
+      // Two cache lines (head with the binding, tail), the ring right after.
+      l.ring_bytes = kPooledRingBytes;
+      l.slot_control = 128;
+    } else {
+      // A ring per peer, shrinking as pairs multiply: 256 KiB up to 6 ranks, 128 KiB
+      // for 7 and 8 (7 MiB for 8), 64 KiB for 9. Head and tail on a page of their own.
+      const size_t pairs = static_cast<size_t>(local_size) * static_cast<size_t>(peers);
+      l.ring_bytes = size_t{256} << 10;
+      while (l.ring_bytes > (size_t{64} << 10) && l.ring_bytes * pairs > (size_t{8} << 20)) l.ring_bytes /= 2;
+      l.slot_control = 4096;
+    }
+    l.data_offset = round_up(kHeaderBytes + static_cast<size_t>(local_size) * kControlBytes, 4096);
+    l.slots_offset = l.data_offset + static_cast<size_t>(local_size) * 2 * l.buffer_bytes;
+    l.bytes = l.slots_offset + static_cast<size_t>(local_size) * static_cast<size_t>(l.slots) * l.slot_stride();
+    return l;
+  }
+};
 
 inline void futex_wait_shared(uint32_t* word, uint32_t old, std::chrono::microseconds timeout) {
   struct timespec ts;
@@ -95,7 +133,8 @@ struct ShmGroup::Header {
   uint32_t version;
   uint32_t local_size;
   uint64_t buffer_bytes;
-  uint64_t channel_bytes;
+  uint64_t ring_bytes;
+  uint32_t slots;
   alignas(64) uint32_t epoch;     // futex word: changes with every arrival and abort
   alignas(64) uint32_t sleepers;  // ranks asleep on `epoch`
 };
@@ -129,9 +168,15 @@ struct ShmGroup::Control {
   char reason[kReasonBytes];     // why it aborted, NUL-terminated
 };
 
+// A stream slot of a sender. Pooled (Layout::pooled), `binding` says to whom the slot
+// goes: (number of the binding << 32) | (receiver's local rank + 1), 0 before the first;
+// the sender changes it only while the slot is empty (tail == head), and a receiver
+// that read head re-reads it, on the same line, so as not to take bytes of a later
+// binding for its own. Without a pool, slot k goes to the k-th peer for good.
 struct ShmGroup::Channel {
   alignas(64) uint64_t head;  // bytes the sender has written, in all
-  alignas(64) uint64_t tail;  // bytes the receiver has read, in all
+  uint64_t binding;           // pooled: whose the slot is, with the binding's number
+  alignas(64) uint64_t tail;  // bytes the receiver(s) have read, in all
 };
 
 template <class Ready, class Check, class Expired, class OnMyCore>

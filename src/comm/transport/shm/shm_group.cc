@@ -47,13 +47,20 @@ ShmGroup::ShmGroup(const GroupConfig& config, Segment segment, int local_rank)
       local_rank_(local_rank),
       local_size_(static_cast<int>(config.members.size())) {
   static_assert(sizeof(Control) <= kControlBytes && sizeof(Header) <= kHeaderBytes);
-  data_ = segment_.data() + data_offset(local_size_);
+  const Layout layout = Layout::of(local_size_, config.buffer_bytes);
+  config_.buffer_bytes = layout.buffer_bytes;
+  data_ = segment_.data() + layout.data_offset;
+  slots_ = segment_.data() + layout.slots_offset;
+  slot_count_ = layout.slots;
+  pooled_ = layout.pooled;
+  slot_control_ = layout.slot_control;
+  ring_bytes_ = layout.ring_bytes;
+  slot_stride_ = layout.slot_stride();
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   oversubscribed_ = static_cast<unsigned>(local_size_) > cores;
   no_spare_core_ = static_cast<unsigned>(local_size_) >= cores;
   crowded_ = static_cast<unsigned>(local_size_) > 2 * cores;
   pidfds_.assign(local_size_, -1);
-  channel_bytes_ = channel_bytes_for(local_size_);
 }
 
 ShmGroup::~ShmGroup() {
@@ -68,7 +75,7 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& con
   const int local_rank = static_cast<int>(
       std::find(config.members.begin(), config.members.end(), config.rank) - config.members.begin());
   const std::string base = "shm/node" + std::to_string(config.node) + "/";
-  const size_t bytes = segment_bytes(local_size, config.buffer_bytes);
+  const Layout layout = Layout::of(local_size, config.buffer_bytes);
   auto text = [](const Bytes& b) { return std::string(b.begin(), b.end()); };
   auto bytes_of = [](const std::string& s) { return Bytes(s.begin(), s.end()); };
 
@@ -78,13 +85,14 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& con
     int stale = remove_stale_segments();
     if (stale > 0) CHORUS_LOG(kInfo, "removed " + std::to_string(stale) + " stale chorus segment(s) from /dev/shm");
     try {
-      segment = Segment::create(bytes);
+      segment = Segment::create(layout.bytes);
       Header& h = *reinterpret_cast<Header*>(segment.data());
       h.magic = kMagic;
       h.version = kVersion;
       h.local_size = static_cast<uint32_t>(local_size);
-      h.buffer_bytes = config.buffer_bytes;
-      h.channel_bytes = channel_bytes_for(local_size);
+      h.buffer_bytes = layout.buffer_bytes;
+      h.ring_bytes = layout.ring_bytes;
+      h.slots = static_cast<uint32_t>(layout.slots);
       store.set(base + "name", bytes_of(segment.name()));
     } catch (const Error& e) {
       error = e.what();
@@ -96,11 +104,11 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& con
       error = "local rank 0 (rank " + std::to_string(config.members[0]) + ") could not create it: " + name.substr(1);
     } else {
       try {
-        segment = Segment::open(name, bytes);
+        segment = Segment::open(name, layout.bytes);
         const Header& h = *reinterpret_cast<const Header*>(segment.data());
         if (h.magic != kMagic || h.version != kVersion ||
-            h.local_size != static_cast<uint32_t>(local_size) || h.buffer_bytes != config.buffer_bytes ||
-            h.channel_bytes != channel_bytes_for(local_size)) {
+            h.local_size != static_cast<uint32_t>(local_size) || h.buffer_bytes != layout.buffer_bytes ||
+            h.ring_bytes != layout.ring_bytes || h.slots != static_cast<uint32_t>(layout.slots)) {
           throw SystemError("shared memory: '/dev/shm/" + name + "' has a different layout");
         }
       } catch (const Error& e) {
@@ -241,11 +249,14 @@ int ShmGroup::local_of(int rank) const {
 }
 
 ShmGroup::Stream ShmGroup::stream(int from, int to) const {
-  const size_t index = static_cast<size_t>(from) * static_cast<size_t>(local_size_ - 1) +
-                       static_cast<size_t>(to < from ? to : to - 1);
-  auto* ch = reinterpret_cast<Channel*>(segment_.data() + channels_offset(local_size_, config_.buffer_bytes) +
-                                        index * channel_stride(local_size_));
-  return Stream{&ch->head, &ch->tail, reinterpret_cast<uint8_t*>(ch) + 4096, channel_bytes_};
+  return slot(from, to < from ? to : to - 1);
+}
+
+ShmGroup::Stream ShmGroup::slot(int from, int k) const {
+  const size_t index = static_cast<size_t>(from) * static_cast<size_t>(slot_count_) + static_cast<size_t>(k);
+  auto* ch = reinterpret_cast<Channel*>(slots_ + index * slot_stride_);
+  return Stream{&ch->head, &ch->tail, reinterpret_cast<uint8_t*>(ch) + slot_control_, ring_bytes_,
+                &ch->binding};
 }
 
 }  // namespace chorus::transport::shm

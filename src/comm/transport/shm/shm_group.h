@@ -25,10 +25,12 @@
 // collective's phase moves one line between cores; the descriptors themselves are read
 // only when fingerprints differ.
 //
-// Point to point: every ordered pair of local ranks has a byte stream in the segment, a
-// ring that only the sender writes and only the receiver reads. ShmTransport
-// (shm_transport.h) moves messages through them behind the Transport interface; the
-// group only lays them out (stream()) and lends it its waits, checks and errors.
+// Point to point: every local rank has stream slots in the segment, rings that only it
+// writes, each read by one receiver at a time: a slot per peer up to 9 local ranks, 8
+// slots bound to peers on demand beyond (layout.h), so that the segment grows with the
+// ranks, not with their pairs. ShmTransport (shm_transport.h) moves messages through
+// them behind the Transport interface; the group only lays them out (slot(),
+// stream()) and lends it its waits, checks and errors.
 //
 // Shared work: after a phase that every rank has passed, the ranks can share a round of
 // numbered pieces out (begin_work() with the same count on every rank). Each rank has a
@@ -81,7 +83,9 @@ struct GroupConfig {
   std::vector<int> members;         // the node's ranks (communicator numbering), ascending
   std::vector<std::string> hosts;   // host of every rank of the communicator
   int node = 0;                     // node index, for store keys
-  size_t buffer_bytes = 1024 * 1024; // each of a rank's two buffers
+  // Each of a rank's two buffers, at most: beyond 32 local ranks the group gives each
+  // less, so that all fit in 64 MiB (layout.h; buffer_bytes() says what it gave).
+  size_t buffer_bytes = 1024 * 1024;
   bool try_cma = true;              // try cross-memory attach (CHORUS_SHM_CMA=0: no)
   // Also in groups of more than two ranks (CHORUS_SHM_CMA=all). Off by default: a
   // reduce-scatter rank then reads (p-1)/p of the data through the kernel, which pins
@@ -151,14 +155,22 @@ class ShmGroup final : public NodeGroup {
   const std::string& host_of(int rank) const { return config_.hosts.at(rank); }
 
   // ---- For ShmTransport (shm_transport.h): the streams and the group's waits.
-  // The stream from local rank `from` to local rank `to`: `head` (bytes written, in
-  // all) only the sender writes, `tail` (bytes read) only the receiver.
+  // A stream slot: `head` (bytes written, in all) only its sender writes, `tail` (bytes
+  // read) only the receiver it is bound to; `binding` (pooled slots) says which.
   struct Stream {
     uint64_t* head;
     uint64_t* tail;
     uint8_t* ring;
     size_t capacity;
+    uint64_t* binding;
   };
+  // Stream slots per local rank; pooled: fewer than its peers, bound on demand
+  // (shm_transport.h); otherwise one per peer, stream() below.
+  int slots() const { return slot_count_; }
+  bool pooled() const { return pooled_; }
+  // Slot k (0 <= k < slots()) of local rank `from`.
+  Stream slot(int from, int k) const;
+  // Not pooled: the stream from local rank `from` to local rank `to`, its slot for good.
   Stream stream(int from, int to) const;
   // Wakes sleepers, if any, after a store they may wait for.
   void notify();
@@ -250,7 +262,11 @@ class ShmGroup final : public NodeGroup {
   std::string interrupt_reason_;
   bool left_ = false;
   bool cma_ = false;
-  size_t channel_bytes_ = 0;     // each point-to-point ring
+  // The stream slots (layout.h: Layout).
+  uint8_t* slots_ = nullptr;
+  int slot_count_ = 0;          // per local rank
+  bool pooled_ = false;
+  size_t slot_control_ = 0, ring_bytes_ = 0, slot_stride_ = 0;
   uint64_t probe_cookie_ = 0;   // read by the peers at set-up to try cross-memory attach
   PeerFiles peer_files_;        // the peers' node-shared buffers, mapped
 };

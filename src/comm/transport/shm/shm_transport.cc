@@ -32,7 +32,95 @@ Signature signature(const ShmTransport::Header& h) {
 }  // namespace
 
 ShmTransport::ShmTransport(ShmGroup& group, int size)
-    : group_(group), size_(size), peers_(static_cast<size_t>(group.local_size())) {}
+    : group_(group), size_(size), pooled_(group.pooled()), peers_(static_cast<size_t>(group.local_size())) {
+  if (pooled_) {
+    out_slot_.assign(peers_.size(), -1);
+    holder_.assign(static_cast<size_t>(group.slots()), -1);
+    in_slot_.assign(peers_.size(), -1);
+    in_binding_.assign(peers_.size(), 0);
+  }
+}
+
+bool ShmTransport::incoming(int i, ShmGroup::Stream& st, uint64_t& tail, uint64_t& head) const {
+  const int me = group_.local_rank();
+  if (!pooled_) {
+    st = group_.stream(i, me);
+    tail = load(st.tail, std::memory_order_relaxed);  // only this rank writes it
+    head = load(st.head, std::memory_order_acquire);
+    return true;
+  }
+  // The slot and binding found last, else a search of the sender's slots. The tail was
+  // written by the slot's earlier receivers too: read after the binding, acquiring
+  // (one of theirs seen means the binding that followed it is seen below); the binding
+  // read again after the head: unchanged, both belong to this rank's binding.
+  auto read = [&](int k, bool any) {
+    st = group_.slot(i, k);
+    const uint64_t b = load(st.binding, std::memory_order_acquire);
+    if (any ? (b & 0xffffffffu) != static_cast<uint64_t>(me) + 1 : b != in_binding_[i]) return false;
+    tail = load(st.tail, std::memory_order_acquire);
+    head = load(st.head, std::memory_order_acquire);
+    if (load(st.binding, std::memory_order_acquire) != b) return false;
+    in_slot_[i] = k;
+    in_binding_[i] = b;
+    return true;
+  };
+  if (in_slot_[i] >= 0 && read(in_slot_[i], false)) return true;
+  for (int k = 0; k < group_.slots(); ++k) {
+    if (read(k, true)) return true;
+  }
+  in_slot_[i] = -1;
+  return false;
+}
+
+bool ShmTransport::reload_head(int i, const ShmGroup::Stream& st, uint64_t& head) const {
+  head = load(st.head, std::memory_order_acquire);
+  return load(st.binding, std::memory_order_acquire) == in_binding_[i];
+}
+
+int ShmTransport::free_slot() const {
+  const int slots = group_.slots();
+  for (int n = 0; n < slots; ++n) {
+    const int k = (next_slot_ + n) % slots;
+    const int h = holder_[k];
+    if (h < 0) return k;
+    if (!peers_[h].sends.empty()) continue;  // it will need the slot again
+    const ShmGroup::Stream st = group_.slot(group_.local_rank(), k);
+    if (load(st.tail, std::memory_order_acquire) == load(st.head, std::memory_order_relaxed)) return k;
+  }
+  return -1;
+}
+
+bool ShmTransport::outgoing(int i, ShmGroup::Stream& st) {
+  const int me = group_.local_rank();
+  if (!pooled_) {
+    st = group_.stream(me, i);
+    return true;
+  }
+  int k = out_slot_[i];
+  if (k < 0) {
+    if ((k = free_slot()) < 0) return false;
+    if (holder_[k] >= 0) out_slot_[holder_[k]] = -1;
+    holder_[k] = i;
+    out_slot_[i] = k;
+    next_slot_ = (k + 1) % group_.slots();
+    // Empty (tail == head, read above): no receiver reads it until it sees this binding.
+    store(group_.slot(me, k).binding, (++bindings_ << 32) | (static_cast<uint64_t>(i) + 1));
+  }
+  st = group_.slot(me, k);
+  return true;
+}
+
+std::vector<int> ShmTransport::slot_holders() const {
+  std::vector<int> out;
+  for (int k = 0; k < static_cast<int>(holder_.size()); ++k) {
+    const int h = holder_[k];
+    if (h < 0) continue;
+    const ShmGroup::Stream st = group_.slot(group_.local_rank(), k);
+    if (load(st.tail, std::memory_order_acquire) != load(st.head, std::memory_order_relaxed)) out.push_back(h);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 int ShmTransport::local(int peer) const {
   const int i = peer >= 0 && peer < size_ ? group_.local_of(peer) : -1;
@@ -82,9 +170,9 @@ Request ShmTransport::irecv_message(int peer, void* data, size_t len, const Sign
 }
 
 bool ShmTransport::peek_header(int i, Header& h) const {
-  const ShmGroup::Stream st = group_.stream(i, group_.local_rank());
-  const uint64_t tail = load(st.tail, std::memory_order_relaxed);
-  if (load(st.head, std::memory_order_acquire) - tail < kHeaderBytes) return false;
+  ShmGroup::Stream st;
+  uint64_t tail, head;
+  if (!incoming(i, st, tail, head) || head - tail < kHeaderBytes) return false;
   auto* to = reinterpret_cast<uint8_t*>(&h);
   for (size_t k = 0; k < kHeaderBytes; ++k) to[k] = st.ring[(tail + k) % st.capacity];
   return true;
@@ -119,11 +207,9 @@ Arrival ShmTransport::probe(const std::vector<int>& peers, Clock::time_point unt
         [&] {
           for (size_t k = 0; k < locals.size(); ++k) {
             if (later[k]) continue;
-            const ShmGroup::Stream st = group_.stream(locals[k], group_.local_rank());
-            if (load(st.head, std::memory_order_acquire) - load(st.tail, std::memory_order_relaxed) >=
-                kHeaderBytes) {
-              return true;
-            }
+            ShmGroup::Stream st;
+            uint64_t tail, head;
+            if (incoming(locals[k], st, tail, head) && head - tail >= kHeaderBytes) return true;
           }
           return false;
         },
@@ -175,13 +261,21 @@ bool ShmTransport::drive_until(Pred pred, Clock::time_point until) {
 }
 
 bool ShmTransport::ring_has_room(int i) const {
-  const ShmGroup::Stream st = group_.stream(group_.local_rank(), i);
+  ShmGroup::Stream st;
+  if (!pooled_) {
+    st = group_.stream(group_.local_rank(), i);
+  } else if (out_slot_[i] >= 0) {
+    st = group_.slot(group_.local_rank(), out_slot_[i]);
+  } else {
+    return free_slot() >= 0;
+  }
   return load(st.head, std::memory_order_relaxed) - load(st.tail, std::memory_order_acquire) < st.capacity;
 }
 
 bool ShmTransport::ring_has_bytes(int i) const {
-  const ShmGroup::Stream st = group_.stream(i, group_.local_rank());
-  return load(st.head, std::memory_order_acquire) != load(st.tail, std::memory_order_relaxed);
+  ShmGroup::Stream st;
+  uint64_t tail, head;
+  return incoming(i, st, tail, head) && head != tail;
 }
 
 bool ShmTransport::progress_all() {
@@ -195,7 +289,8 @@ bool ShmTransport::progress_all() {
 
 bool ShmTransport::progress_sends(int i) {
   Peer& p = peers_[i];
-  const ShmGroup::Stream st = group_.stream(group_.local_rank(), i);
+  ShmGroup::Stream st;
+  if (!outgoing(i, st)) return false;  // every slot holds bytes not yet read
   uint64_t head = load(st.head, std::memory_order_relaxed);  // only this rank writes it
   bool moved = false;
   while (!p.sends.empty()) {
@@ -230,13 +325,22 @@ bool ShmTransport::progress_sends(int i) {
 
 bool ShmTransport::progress_recvs(int i) {
   Peer& p = peers_[i];
-  const ShmGroup::Stream st = group_.stream(i, group_.local_rank());
-  uint64_t tail = load(st.tail, std::memory_order_relaxed);  // only this rank writes it
+  ShmGroup::Stream st;
+  uint64_t tail, head;
+  if (!incoming(i, st, tail, head)) return false;  // pooled: no slot of i's is bound to this rank
   bool moved = false;
+  bool fresh = true;  // `head` just read
   while (!p.recvs.empty()) {
     Recv& r = p.recvs.front();
     while (r.done < kHeaderBytes + r.want.length) {
-      const uint64_t head = load(st.head, std::memory_order_acquire);
+      if (!fresh) {
+        if (!pooled_) {
+          head = load(st.head, std::memory_order_acquire);
+        } else if (head == tail && !reload_head(i, st, head)) {
+          return moved;  // read empty, then bound to another rank: the next call finds the new slot
+        }
+      }
+      fresh = false;
       if (head == tail) break;
       const size_t at = tail % st.capacity;
       size_t k = std::min({static_cast<size_t>(head - tail), st.capacity - at, kStreamPiece});
@@ -328,6 +432,20 @@ void ShmTransport::check_waits(bool liveness) {
     }
     if (!p.recvs.empty()) awaited |= uint64_t{1} << std::min<size_t>(i, 63);
   }
+  if (pooled_ && free_slot() < 0) {
+    // Sends that wait for a slot wait for the receivers holding them to read.
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (peers_[i].sends.empty() || out_slot_[i] >= 0) continue;
+      const std::string to = " to " + group_.rank_name(static_cast<int>(i));
+      for (int h : slot_holders()) {
+        group_.check_peer(h, liveness, true,
+                          "closed the communicator without reading what this rank sent it, holding a "
+                          "stream slot this rank needs to send" + to,
+                          "holding a stream slot this rank needs to send" + to + " in shared memory");
+      }
+      break;
+    }
+  }
   const auto now = Clock::now();
   if (first_nap_ == Clock::time_point{}) first_nap_ = now;
   if (!suspect_ && now - first_nap_ >= kSuspectAfter && op_.kind == FrameKind::kCollective) {
@@ -352,9 +470,9 @@ void ShmTransport::look_for_mismatch() {
     }
     const Peer& p = peers_[j];
     if (!p.recvs.empty() && p.recvs.front().done > 0) continue;  // inside a message
-    const ShmGroup::Stream st = group_.stream(j, me);
-    const uint64_t tail = load(st.tail, std::memory_order_relaxed);
-    if (load(st.head, std::memory_order_acquire) - tail < kHeaderBytes) continue;
+    ShmGroup::Stream st;
+    uint64_t tail, head;
+    if (!incoming(j, st, tail, head) || head - tail < kHeaderBytes) continue;
     Header h;
     auto* to = reinterpret_cast<uint8_t*>(&h);
     for (size_t k = 0; k < kHeaderBytes; ++k) to[k] = st.ring[(tail + k) % st.capacity];
@@ -375,6 +493,17 @@ void ShmTransport::fail_timeout() const {
       const Recv& r = p.recvs.front();
       m << " " << group_.rank_name(static_cast<int>(i)) << " to send "
         << (kHeaderBytes + r.want.length - r.done) << " bytes;";
+    } else if (!p.sends.empty() && pooled_ && out_slot_[i] < 0) {
+      const Send& s = p.sends.front();
+      m << " a stream slot to send " << (kHeaderBytes + s.header.length - s.done) << " bytes to "
+        << group_.rank_name(static_cast<int>(i)) << " (all " << group_.slots()
+        << " of this rank's hold bytes not read by";
+      for (int h : slot_holders()) {
+        m << " " << group_.rank_name(h);
+        awaited.push_back(group_.member(h));
+      }
+      m << ");";
+      continue;  // waits for them, not for the receiver
     } else if (!p.sends.empty()) {
       const Send& s = p.sends.front();
       m << " " << group_.rank_name(static_cast<int>(i)) << " to receive "
@@ -386,6 +515,7 @@ void ShmTransport::fail_timeout() const {
   }
   m << " (a peer is stopped, hung, or behind in a different operation)";
   std::sort(awaited.begin(), awaited.end());
+  awaited.erase(std::unique(awaited.begin(), awaited.end()), awaited.end());
   throw TimeoutError(m.str(), std::move(awaited));
 }
 

@@ -4,6 +4,19 @@
 // Ranks are numbered as the communicator numbers them; only the group's members are
 // peers (a peer on another node is a logic error of the caller, which routes).
 //
+// Streams: up to 9 local ranks, every ordered pair of them has its own stream slot for
+// good. Beyond, each rank has 8 slots (layout.h) and binds one to a peer when it sends
+// to it and holds none: first a slot never bound, else one whose receiver has read all
+// of it and to which this rank has no send pending (binding the slot again needs it
+// empty, so that no receiver ever finds another's bytes in it; a receiver finds its
+// slot by the binding the sender wrote in it, and checks the binding again after it
+// read the head). A message never spans two slots. When all 8 hold bytes not yet read,
+// the send waits, like one whose ring is full, until a receiver reads (the pool is
+// exhausted: at most 8 receivers of one rank's messages can be behind at once, and
+// 8 x 32 KiB is what a rank can send that nobody has received yet); a receiver that
+// closed, aborted or died holding a slot is an error naming it, as a peer that does
+// not read a full ring is, and the deadline one naming the receivers holding slots.
+//
 // Every message carries a header with its call (kind, operation, sequence number and
 // signature, as tcp frames do; transport.h) and its length, written into the stream
 // before its bytes; the receiver compares it with its own call and fails, naming both
@@ -105,9 +118,23 @@ class ShmTransport final : public StreamTransport<ShmTransport> {
   Header header_for(size_t len, const Signature& sig) const;
   // The header of the next unread message from local rank i, when it is all there.
   bool peek_header(int i, Header& h) const;
-  // Whether the ring to local rank i has room, and whether the one from it has bytes.
+  // Whether the ring to local rank i has room (pooled: it holds a slot, or one is
+  // free to bind), and whether the one from it has bytes.
   bool ring_has_room(int i) const;
   bool ring_has_bytes(int i) const;
+  // The slot this rank sends to local rank i through; pooled, binds one when it holds
+  // none: false when none is free.
+  bool outgoing(int i, ShmGroup::Stream& st);
+  // Pooled: a slot this rank could bind now (free_slot()), or -1.
+  int free_slot() const;
+  // The slot local rank i sends to this rank through, with its tail and head read
+  // under the binding (pooled: false when it has bound none to this rank).
+  bool incoming(int i, ShmGroup::Stream& st, uint64_t& tail, uint64_t& head) const;
+  // Pooled: the head of the slot incoming() found, read again; false when the slot has
+  // been bound to another rank since (it was empty then).
+  bool reload_head(int i, const ShmGroup::Stream& st, uint64_t& head) const;
+  // Pooled: the local ranks holding this rank's slots with bytes unread.
+  std::vector<int> slot_holders() const;
   // Moves what can move on every stream with pending work; true when anything did.
   bool progress_all();
   bool progress_sends(int i);
@@ -132,7 +159,16 @@ class ShmTransport final : public StreamTransport<ShmTransport> {
 
   ShmGroup& group_;
   const int size_;
+  const bool pooled_;          // group_.pooled()
   std::vector<Peer> peers_;  // by local rank
+  // Pooled: this rank's slots (by peer: its slot or -1; by slot: its peer or -1), the
+  // bindings so far, where the search for a free one starts; and by sending peer, the
+  // slot and binding it was last found in.
+  std::vector<int> out_slot_, holder_;
+  uint64_t bindings_ = 0;
+  int next_slot_ = 0;
+  mutable std::vector<int> in_slot_;
+  mutable std::vector<uint64_t> in_binding_;
   OpInfo op_;
   CallHistory calls_;
   Clock::time_point first_nap_{};  // of the current operation
