@@ -12,10 +12,11 @@
 # what the ranks hold, not bandwidth. The configs alternate, before then after, at each
 # size.
 #
-# Usage: bench/compare_scale.sh -B OLD_BUILD [-N "16 64 128 256"] [-S "32 64 128"]
-#            [-T "16 64 128 256"] [-O "64 128 256"] [-c "allreduce broadcast ..."] [-t TIMEOUT_S]
-#   -B   the build directory of the chorus to compare against (its bin/chorus-bench; its
-#        lib/libchorus_comm.so and include/ build store-traffic for it)
+# Usage: bench/compare_scale.sh -B OLD_BUILD [-T "16 64 128 256"] [-S "32 64 128"]
+#            [-O "64 128 256"] [-c "allreduce broadcast ..."] [-t TIMEOUT_S]
+#   -B   the build directory of the chorus to compare against, inside its source tree
+#        (its bin/chorus-bench; its lib/libchorus_comm.a and include/ build store-traffic
+#        for it)
 #   -T   ranks of the formation rows        (default 16 64 128 256)
 #   -S   ranks of the socket rows           (default 32 64 128)
 #   -O   ranks of the one-node rows         (default 64 128 256)
@@ -31,7 +32,7 @@ collectives="allreduce broadcast reduce_scatter allgather" timeout_s=900
 new=${NEW_BUILD:-$ROOT/build}
 
 die() { echo "compare_scale: $*" >&2; exit 1; }
-usage() { sed -n '15,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
+usage() { sed -n '15,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "$1"; }
 
 while getopts "B:T:S:O:c:t:h" opt; do
   case $opt in
@@ -53,7 +54,7 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A traffic=([before]="$WORK/store-traffic-before" [after]="$new/bin/store-traffic")
 [[ -x ${traffic[after]} ]] || die "no store-traffic in $new/bin (build it: cmake --build $new --target store-traffic)"
 g++ -O2 -std=c++20 -I"$old/../include" -I"$old/include" "$ROOT/bench/store_traffic.cc" \
-  -o "${traffic[before]}" -L"$old/lib" -Wl,-rpath,"$old/lib" -lchorus_comm -lpthread ||
+  -o "${traffic[before]}" "$old/lib/libchorus_comm.a" -lcrypto -lpthread ||
   die "building store-traffic against $old failed"
 declare -A build=([before]="$old" [after]="$new")
 

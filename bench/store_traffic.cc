@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   base->set_timeout(std::chrono::seconds(timeout_s));
   std::vector<std::shared_ptr<CountingStore>> stores;
   for (int r = 0; r < n; ++r) stores.push_back(std::make_shared<CountingStore>(base));
-  std::vector<std::unique_ptr<chorus::Communicator>> comms(n);
+  std::vector<std::shared_ptr<chorus::Communicator>> comms(n);
   std::vector<std::string> errors(n);
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::chrono::steady_clock::time_point> done(n);

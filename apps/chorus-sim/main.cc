@@ -321,10 +321,10 @@ int run(const Args& o) {
   if (o.json) {
     std::printf("{\"collective\": \"%s\", \"algorithm\": \"%s\", \"ranks\": %d, \"ranks_per_node\": %d, "
                 "\"bytes\": %zu, \"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
-                "\"messages\": %llu, \"max_peers\": %u, \"events\": %llu, \"wall_s\": %.3f, "
-                "\"peak_rss_mib\": %.1f}\n",
+                "\"messages\": %llu, \"max_peers\": %u, \"max_streams\": %u, \"events\": %llu, "
+                "\"wall_s\": %.3f, \"peak_rss_mib\": %.1f}\n",
                 a.collective, o.algorithm.c_str(), o.ranks, o.ranks_per_node, o.bytes, r.time * 1e6, algbw,
-                busbw, static_cast<unsigned long long>(r.messages), r.max_peers,
+                busbw, static_cast<unsigned long long>(r.messages), r.max_peers, r.max_streams,
                 static_cast<unsigned long long>(r.events), wall, peak_rss_kib() / 1024.0);
     return 0;
   }

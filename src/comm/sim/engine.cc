@@ -80,6 +80,10 @@ Engine::Stream& Engine::stream(int from, int to) {
   auto [it, made] = streams_.try_emplace(key);
   last_key_ = key;
   last_stream_ = &it->second;
+  if (made && from != to) {
+    ++ranks_[from].traffic.streams;
+    ++ranks_[to].traffic.streams;
+  }
   if (made && from != to && streams_.find(static_cast<uint64_t>(to) * n + from) == streams_.end()) {
     ++ranks_[from].traffic.peers;  // the first stream between the two, either way
     ++ranks_[to].traffic.peers;

@@ -57,6 +57,9 @@ struct RankTraffic {
   uint64_t messages = 0;
   uint64_t bytes = 0;
   uint32_t peers = 0;  // distinct ranks it sent to or received from
+  // One-way streams it sent or received on: the sockets the tcp transport, which opens
+  // one per direction on first use, would hold for the call.
+  uint32_t streams = 0;
 };
 
 // A rank's failure: what its body threw.

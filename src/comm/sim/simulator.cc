@@ -88,6 +88,7 @@ Result Simulator::run(int ranks, int ranks_per_node, const LinkModel& model,
     r.messages += t.messages;
     r.bytes += t.bytes;
     r.max_peers = std::max(r.max_peers, t.peers);
+    r.max_streams = std::max(r.max_streams, t.streams);
   }
   r.events = engine.events();
   r.streams = engine.streams();

@@ -73,6 +73,7 @@ struct Result {
   std::vector<RankTraffic> traffic;  // per rank
   uint64_t messages = 0, bytes = 0;  // sent by all ranks
   uint32_t max_peers = 0;            // the most distinct peers of one rank
+  uint32_t max_streams = 0;          // the most one-way streams of one rank (RankTraffic)
   uint64_t events = 0;               // scheduler events
   size_t streams = 0;                // ordered pairs that talked
 };

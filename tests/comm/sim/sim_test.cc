@@ -311,6 +311,60 @@ TEST(Sim1024, AlltoallBruckTalksToLog2Peers) {
   EXPECT_NEAR(r.time, rounds * alpha, 0.01 * rounds * alpha);
 }
 
+// The sockets a rank of a 1,024-rank job holds when its tcp transport opens one
+// stream per direction on first use (connections by use, docs/architecture.md): the
+// one-way streams each algorithm of allreduce, broadcast, reduce_scatter, allgather
+// and barrier sends or receives on, alone and all in one job. The bound is 64.
+TEST(Sim1024, SocketsPerRankOfEachCollective) {
+  using Body = std::function<void(RankEnv&)>;
+  const std::vector<std::pair<const char*, Body>> cases = {
+      {"allreduce ring", [](RankEnv& env) {
+         allreduce_case(env, "allreduce_ring", alg::allreduce_ring, DataType::kInt32, ReduceOp::kSum, 1001);
+       }},
+      {"allreduce recursive doubling", [](RankEnv& env) {
+         allreduce_case(env, "allreduce_recursive_doubling", alg::allreduce_recursive_doubling,
+                        DataType::kInt32, ReduceOp::kSum, 1001);
+       }},
+      {"allreduce halving-doubling", [](RankEnv& env) {
+         allreduce_case(env, "allreduce_halving_doubling", alg::allreduce_halving_doubling,
+                        DataType::kInt32, ReduceOp::kSum, 1001);
+       }},
+      {"broadcast binomial", [](RankEnv& env) {
+         broadcast_case(env, "broadcast_binomial", alg::broadcast_binomial, DataType::kFloat32, 1001, 0);
+       }},
+      {"broadcast chain", [](RankEnv& env) {
+         broadcast_case(env, "broadcast_chain", alg::broadcast_chain, DataType::kFloat32, 1001, 0);
+       }},
+      {"reduce_scatter ring", [](RankEnv& env) {
+         reduce_scatter_case(env, "reduce_scatter_ring", alg::reduce_scatter_ring, DataType::kInt32,
+                             ReduceOp::kSum, 3);
+       }},
+      {"reduce_scatter halving", [](RankEnv& env) {
+         reduce_scatter_case(env, "reduce_scatter_halving", alg::reduce_scatter_halving, DataType::kInt32,
+                             ReduceOp::kSum, 3);
+       }},
+      {"allgather bruck", [](RankEnv& env) {
+         allgather_case(env, "allgather_bruck", alg::allgather_bruck, DataType::kFloat32, 3);
+       }},
+      {"allgather ring", [](RankEnv& env) { allgatherv_case(env, DataType::kFloat32, 3); }},
+      {"barrier dissemination", [](RankEnv& env) {
+         alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
+       }},
+  };
+  // Over tcp alone (a node per rank), where every stream is a socket.
+  for (const auto& [name, body] : cases) {
+    Result r = Simulator().run(kRanks, 1, LinkModel{}, body);
+    std::printf("[ sockets  ] 1,024 ranks, %s: at most %u sockets a rank\n", name, r.max_streams);
+    EXPECT_LE(r.max_streams, 2 * 11u) << name;  // 2 log2 N + the ring's neighbours
+  }
+  Result all = Simulator().run(kRanks, 1, LinkModel{}, [&](RankEnv& env) {
+    for (const auto& c : cases) c.second(env);
+  });
+  std::printf("[ sockets  ] 1,024 ranks, all of them in one job: at most %u sockets a rank\n",
+              all.max_streams);
+  EXPECT_LE(all.max_streams, 64u);
+}
+
 TEST(Sim1024, AlltoallvTalksToEveryRank) {
   Result r = Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
     alltoallv_case(env, DataType::kInt64, 1);

@@ -69,6 +69,38 @@ ShmGroup::~ShmGroup() {
   }
 }
 
+namespace {
+
+// The local ranks' common verdict, in a constant number of store requests per rank (a
+// node of L ranks used to make L^2): each rank that objects writes why under `base`
+// + "no/<local rank>"; every rank counts itself in; the last to arrive publishes the
+// objection of the lowest local rank, or "" when none objected (it alone reads the
+// objections, and only when there are some); every rank reads what it published.
+// Returns only once every local rank has counted itself in.
+std::string agree(Store& store, const std::string& base, int local_rank, int local_size,
+                  const std::string& objection) {
+  if (!objection.empty()) {
+    store.set(base + "no/" + std::to_string(local_rank), objection);
+    store.add(base + "objections", 1);
+  }
+  if (store.add(base + "arrived", 1) == local_size) {
+    std::string verdict = "ok";
+    if (store.add(base + "objections", 0) > 0) {
+      for (int i = 0; i < local_size; ++i) {
+        if (store.check({base + "no/" + std::to_string(i)})) {
+          verdict = "!" + store.get_string(base + "no/" + std::to_string(i));
+          break;
+        }
+      }
+    }
+    store.set(base + "verdict", verdict);
+  }
+  const std::string verdict = store.get_string(base + "verdict");
+  return verdict == "ok" ? "" : verdict.substr(1);
+}
+
+}  // namespace
+
 std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& config,
                                             std::string& why_not) {
   const int local_size = static_cast<int>(config.members.size());
@@ -126,13 +158,10 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(Store& store, const GroupConfig& con
     mine.probe_value = group->probe_cookie_;
     atomic(mine.state).store(kActive);
   }
-  store.set(base + "ok/" + std::to_string(local_rank), bytes_of(error.empty() ? "ok" : error));
-  for (int i = 0; i < local_size; ++i) {
-    if (i == local_rank) continue;
-    std::string answer = text(store.get(base + "ok/" + std::to_string(i)));
-    if (answer != "ok" && error.empty()) {
-      error = "rank " + std::to_string(config.members[i]) + ": " + answer;
-    }
+  {
+    std::string verdict = agree(store, base + "ok/", local_rank, local_size,
+                                error.empty() ? "" : "rank " + std::to_string(config.rank) + ": " + error);
+    if (error.empty()) error = verdict;
   }
   // Every local rank has mapped the segment (or given up): the name is not needed any
   // more, and without it nothing is left behind whatever happens to the job.
@@ -165,15 +194,8 @@ void ShmGroup::probe_cma(Store& store, const std::string& base) {
     ok = process_vm_readv(c.pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof value) &&
          value == c.probe_value;
   }
-  const std::string key = base + "cma/";
-  store.set(key + std::to_string(local_rank_), Bytes{static_cast<uint8_t>(ok ? 1 : 0)});
-  bool all = ok;
-  for (int i = 0; i < local_size_; ++i) {
-    if (i == local_rank_) continue;
-    Bytes b = store.get(key + std::to_string(i));
-    all = all && b.size() == 1 && b[0] == 1;
-  }
-  cma_ = all;
+  cma_ = agree(store, base + "cma/", local_rank_, local_size_,
+               ok ? "" : "rank " + std::to_string(config_.rank) + " cannot read its peers").empty();
   CHORUS_LOG(kDebug, std::string("shared memory: cross-memory attach ") + (cma_ ? "on" : "off"));
 }
 
