@@ -68,6 +68,7 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   transport_ = transport::tcp::connect_mesh(scoped, rank_, size_, tcp, &nodes);
   for (int r = 0; r < size_; ++r) hosts_.push_back(transport_->host_of(r));
   topology_ = transport::topology_from_ids(nodes, rank_);
+  if (size_ > 1) prove_token_around_the_ring();
   connect_shared_memory(scoped);
   shape_.size = size_;
   shape_.nodes = topology_.nodes;
@@ -104,16 +105,39 @@ CommunicatorImpl::CommunicatorImpl(std::shared_ptr<Store> store, int rank, int s
   }
 }
 
+transport::OpInfo CommunicatorImpl::creation_op() const {
+  transport::OpInfo info;
+  info.name = "creation barrier";
+  info.code = transport::wire_code(Collective::kBarrier);
+  // A number of its own, not the first collective's (0): a rank slow in creation tells
+  // the peer it waits for so in a waiting frame, which that peer may read only in its
+  // first collective (over tcp, streams open during creation and a slow rank is
+  // common); numbered 0 it would read as a call of another kind under its own number 0.
+  // Frames carry the low 32 bits; the call history forgets this call long before a
+  // collective is numbered so.
+  info.seq = UINT32_MAX;
+  info.deadline = Deadline(options_.connect_timeout);
+  return info;
+}
+
+void CommunicatorImpl::prove_token_around_the_ring() {
+  // Streams open by use, and a node's ranks talk through shared memory: nothing else
+  // would make two ranks of one node, or two that never exchange, prove the job token
+  // to each other, as the full mesh made every pair. Each rank opens its tcp stream to
+  // the next one (an empty frame), and every stream proves the token both ways: ranks
+  // whose tokens differ fail here, and the ring links every rank to every other.
+  transport_->begin(creation_op());
+  uint8_t none = 0;
+  transport_->isend((rank_ + 1) % size_, &none, 0);
+  transport_->irecv((rank_ + size_ - 1) % size_, &none, 0);
+  transport_->wait_all();
+}
+
 void CommunicatorImpl::finish_creation(KeyLedger& ledger) {
   // Once every rank is here, every rank has read all that the others published: a
-  // barrier (over tcp, a few zero-byte frames), then each deletes the keys it wrote.
+  // barrier (a few zero-byte frames), then each deletes the keys it wrote.
   if (size_ > 1) {
-    transport::OpInfo info;
-    info.name = "creation barrier";
-    info.code = transport::wire_code(Collective::kBarrier);
-    info.seq = 0;
-    info.deadline = Deadline(options_.connect_timeout);
-    transport_->begin(info);
+    transport_->begin(creation_op());
     algorithms::Context ctx{*transport_, rank_,    size_, DataType::kUInt8, 1, nullptr,
                             false,       scratch_, options_.segment_bytes,  topology_};
     algorithms::barrier_dissemination(ctx);

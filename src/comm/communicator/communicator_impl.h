@@ -197,6 +197,11 @@ class CommunicatorImpl final : public Communicator,
   void connect_shared_memory(Store& scoped);
   // The end of creation: a barrier, then this rank's rendezvous keys are deleted.
   void finish_creation(store::KeyLedger& ledger);
+  // The creation's own operation (the ring below and the barrier of finish_creation).
+  transport::OpInfo creation_op() const;
+  // Over tcp, before shared memory routes a node's messages: each rank opens its stream
+  // to the next, proving the job token; ranks whose tokens differ fail.
+  void prove_token_around_the_ring();
 
   const int rank_, size_;
   const CommOptions options_;
