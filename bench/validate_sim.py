@@ -175,6 +175,24 @@ def far(r):
     return abs(math.log(r))
 
 
+def net_line(run_dir, prefix, repeats, large):
+    """"tbf drops / TCP retransmits / TCP timeouts in a run of the sizes", medians over
+    the repeats, from PREFIX.rK.net (lines "FIRST_SIZE DROPS RETRANS TIMEOUTS", one per
+    band of sizes)."""
+    bands = {}
+    for k in range(1, repeats + 1):
+        path = f"{run_dir}/{prefix}.r{k}.net"
+        if not os.path.exists(path):  # measured before the script counted them
+            return "losses not counted"
+        for line in open(path):
+            first, *counts = map(int, line.split())
+            bands.setdefault(first <= large, []).append(counts)
+    parts = [f"{'to' if small else 'above'} {size_name(large)}: "
+             + " / ".join(f"{statistics.median(c[i] for c in v):.0f}" for i in range(len(v[0])))
+             for small, v in sorted(bands.items(), reverse=True)]
+    return "tbf drops / TCP retransmits / TCP timeouts in a run of the sizes " + ", ".join(parts)
+
+
 COLUMNS = (("plain a2", "plain", False), ("plain aL", "plain", True), ("tbf aL", "tbf", True))
 
 
@@ -206,6 +224,7 @@ def main():
                         fail(f"{case} ran algorithm {got} at {size} bytes, not {BENCH_ALGO[algo]}")
                     per.setdefault(size, []).append(us)
             print(f"\n{collective} {algorithm}, {layout.replace('x', ' hosts x ')} rank(s), link {rate}; "
+                  + net_line(run_dir, case, repeats, large) + "; "
                   f"us per op (measured: chorus-bench, median of {repeats} repeats, spread (max-min)/median; "
                   f"simulated: chorus-sim, the same iterations); ratio = measured / simulated")
             print(f"{'size':>9} {'measured':>11} {'spread':>7}" + "".join(f" {c:>11} {'ratio':>6}" for c, _, _ in COLUMNS))

@@ -93,6 +93,28 @@ lock_drop() { [[ -z $lock ]] || exec 9>&-; }
 
 PORT=29700
 
+# "DROPS RETRANS TIMEOUTS": packets tbf dropped on the cluster's links (each host's eth0
+# and the switch's ports), TCP segments its hosts retransmitted, and their TCP
+# retransmission timeouts, so far. A loss is repaired by a retransmit, at worst after a
+# timeout (200 ms at least): time that no link model has.
+net_counters() {
+  local h drops=0 retrans=0 timeouts=0 qdisc tcp
+  for ((h = 0; h <= UP_HOSTS; h++)); do
+    if ((h == UP_HOSTS)); then
+      qdisc=$(ip netns exec "chorusnet-$CHORUS_NETNS_ID-sw" tc -s qdisc show) tcp="0 0"
+    else
+      qdisc=$(ip netns exec "chorusnet-$CHORUS_NETNS_ID-h$h" tc -s qdisc show dev eth0)
+      tcp=$(ip netns exec "chorusnet-$CHORUS_NETNS_ID-h$h" awk '
+        /^Tcp:/ { if (t++) r = $13 }
+        /^TcpExt:/ { if (!x++) { for (i = 2; i <= NF; i++) if ($i == "TCPTimeouts") c = i } else o = $c }
+        END { print r + 0, o + 0 }' /proc/net/snmp /proc/net/netstat)
+    fi
+    drops=$((drops + $(sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' <<<"$qdisc" | awk '{ s += $1 } END { print s + 0 }')))
+    retrans=$((retrans + ${tcp% *})) timeouts=$((timeouts + ${tcp#* }))
+  done
+  echo "$drops $retrans $timeouts"
+}
+
 # run_job TAG HOSTS PER_HOST ENV -- BENCH_ARGS...: chorus-bench on hosts 0..HOSTS-1 with
 # PER_HOST ranks each, one chorusrun per host (ENV: extra environment, "-" for none);
 # host 0's JSON rows are appended to TAG.json. A failing host stops the others and the
@@ -102,6 +124,9 @@ run_job() {
   shift 5
   PORT=$((PORT + 1))
   lock_take
+  local before first=0 a
+  before=$(net_counters)
+  for a in "$@"; do [[ $first != next ]] || first=$a; [[ $a != -b ]] || first=next; done
   for ((h = 0; h < hosts; h++)); do
     # shellcheck disable=SC2046
     # The launchers' heartbeat deadline is raised from 5 s: other jobs' compiles on this
@@ -132,6 +157,12 @@ run_job() {
     exit 1
   fi
   lock_drop
+  local after b0 b1 b2 a0 a1 a2
+  after=$(net_counters)
+  read -r b0 b1 b2 <<<"$before"
+  read -r a0 a1 a2 <<<"$after"
+  # The band's first size, and its drops, retransmits and timeouts.
+  echo "$first $((a0 - b0)) $((a1 - b1)) $((a2 - b2))" >>"$RUN/$tag.net"
   grep '^{' "$RUN/$tag.h0.out" >>"$RUN/$tag.json" || die "$tag: host 0 printed no rows"
 }
 
@@ -153,7 +184,7 @@ measure_wire() {
   local r
   CHORUS_NETNS_ID=$("$CLUSTER" up 2) || die "netns-cluster.sh up 2 failed"
   export CHORUS_NETNS_ID
-  CLUSTER_UP=$CHORUS_NETNS_ID
+  CLUSTER_UP=$CHORUS_NETNS_ID UP_HOSTS=2
   RUN=$out/wire
   mkdir -p "$RUN"
   for ((r = 1; r <= repeats; r++)); do
@@ -193,7 +224,7 @@ measure_rate() {
   echo "validate_sim: link $rate: cluster of $HOSTS hosts" >&2
   CHORUS_NETNS_ID=$("$CLUSTER" up "$HOSTS" --rate "$rate") || die "netns-cluster.sh up $HOSTS --rate $rate failed"
   export CHORUS_NETNS_ID
-  CLUSTER_UP=$CHORUS_NETNS_ID
+  CLUSTER_UP=$CHORUS_NETNS_ID UP_HOSTS=$HOSTS
   RUN=$out/$rate
   mkdir -p "$RUN"
   for ((r = 1; r <= repeats; r++)); do
