@@ -5,7 +5,7 @@ measured, simulated and their ratio.
 Usage: validate_sim.py DIR CHORUS_SIM
 
 DIR holds what validate_sim.sh measured: `rates`, `cases`, `iters` ("N_SMALL N_LARGE
-LARGE"), `reduce.txt` (reduce-bench's table) and per rate a directory of chorus-bench
+LARGE WARMUP_LARGE"), `reduce.txt` (reduce-bench's table) and per rate a directory of chorus-bench
 JSON rows: cal.inter.rK.json (2 hosts x 1, sendrecv), cal.intra.rK.json (1 host x 2),
 cal.load8x1.rK.json and cal.load8x2.rK.json (8 hosts x 1 and x 2, small sizes), and
 CASE.rK.json per case and repeat K.
@@ -204,7 +204,9 @@ def main():
     root, sim = sys.argv[1], Sim(sys.argv[2])
     rates = open(f"{root}/rates").read().split()
     cases = open(f"{root}/cases").read().split()
-    n_small, n_large, large = map(int, open(f"{root}/iters").read().split())
+    # "N_SMALL N_LARGE LARGE [WARMUP_LARGE]": runs before the field was written had 1.
+    n_small, n_large, large, *rest = map(int, open(f"{root}/iters").read().split())
+    warm_large = rest[0] if rest else 1
     reduce_rate, isa = reduce_gbs(f"{root}/reduce.txt")
     summary = []
     for rate in rates:
@@ -233,7 +235,7 @@ def main():
             for size in sorted(per):
                 t = per[size]
                 med = statistics.median(t)
-                iters = (n_small, 2) if size <= large else (n_large, 1)
+                iters = (n_small, 2) if size <= large else (n_large, warm_large)
                 ratios = []
                 line = f"{size_name(size):>9} {med:11.1f} {(max(t) - min(t)) / med:7.0%}"
                 for _, name, use_loaded in COLUMNS:
