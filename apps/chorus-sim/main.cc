@@ -8,12 +8,17 @@
 //   broadcast and reduce.
 // --bytes is nccl-tests' size: the buffer of allreduce, broadcast and reduce; the whole
 // output of allgather and gather, the whole input of reduce_scatter and scatter, each
-// rank's whole send buffer of alltoall (so every rank holds about --bytes, twice for
-// out-of-place collectives; allreduce runs in place). Elements are f32; the results
-// are not checked here (tests/comm/sim/sim_test.cc does).
+// rank's whole send buffer of alltoall and of sendrecv (so every rank holds about
+// --bytes, twice for out-of-place collectives; allreduce runs in place). Elements are
+// f32; the results are not checked here (tests/comm/sim/sim_test.cc does).
+// The time is that of one operation from a common start (the last rank's return), or
+// with --bench-iters N as chorus-bench takes it: --bench-warmup operations, a barrier,
+// then N operations back to back, the average per operation, the maximum over the ranks
+// (bench/validate_sim.sh compares the two programs row by row).
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -178,6 +183,23 @@ const std::map<std::string, Algorithm>& algorithms_table() {
       {"barrier:dissemination", {"barrier", 0, [](RankEnv& env, const Case&) {
          alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
        }}},
+      // chorus-bench's sendrecv: even ranks send to rank + 1, then receive from rank - 1;
+      // odd ranks receive first, then send. The communicator runs a rank's operations one
+      // at a time in issue order, so on 2 ranks this is a ping-pong: two one-way trips.
+      {"sendrecv:shift", {"sendrecv", 0, [](RankEnv& env, const Case& c) {
+         const int n = env.size(), next = (env.rank() + 1) % n, prev = (env.rank() + n - 1) % n;
+         std::vector<float> in = block(c.count), out = block(c.count);
+         const size_t bytes = c.count * kElem;
+         env.begin("send", kType, false, ReduceOp::kSum, c.count);
+         transport::Transport& t = env.transport();
+         if (env.rank() % 2 == 0) {
+           t.wait(t.isend(next, in.data(), bytes));
+           t.wait(t.irecv(prev, out.data(), bytes));
+         } else {
+           t.wait(t.irecv(prev, out.data(), bytes));
+           t.wait(t.isend(next, in.data(), bytes));
+         }
+       }}},
   };
   return table;
 }
@@ -186,6 +208,8 @@ struct Args {
   std::string collective = "allreduce", algorithm = "ring";
   int ranks = 64, ranks_per_node = 8;
   size_t bytes = 1 << 20, segment = kDefaultSegmentBytes;
+  int bench_iters = 0;  // 0: one operation, timed to the last rank's return
+  int bench_warmup = 0;  // with bench_iters: operations before the barrier
   LinkModel model;
   std::string cost_model;
   bool json = false;
@@ -197,12 +221,13 @@ Args parse(int argc, char** argv) {
   double intra_alpha_us = o.model.intra_alpha * 1e6, inter_alpha_us = o.model.inter_alpha * 1e6;
   double intra_gbs = o.model.intra_beta / 1e9, inter_gbs = o.model.inter_beta / 1e9;
   double nic_gbs = o.model.nic_bandwidth / 1e9, reduce_gbs = o.model.reduce_rate / 1e9;
+  size_t nic_burst = 0;
   CLI::App app{"one collective on simulated ranks, in virtual time (docs/simulator.md)", "chorus-sim"};
   app.set_version_flag("--version", std::string("chorus-sim ") + CHORUS_VERSION);
   app.add_option("-o,--collective", o.collective, "allreduce, reduce_scatter, allgather, broadcast, "
-                 "reduce, gather, scatter, alltoall, barrier");
+                 "reduce, gather, scatter, alltoall, barrier, sendrecv");
   app.add_option("-a,--algorithm", o.algorithm, "ring, recursive_doubling, halving_doubling, halving, binomial, "
-                 "chain, bruck, direct, pairwise, dissemination, hierarchical (which exist for the collective)");
+                 "chain, bruck, direct, pairwise, dissemination, hierarchical, shift (which exist for the collective)");
   app.add_option("-n,--ranks", o.ranks, "simulated ranks")->check(CLI::Range(1, 1 << 16));
   app.add_option("--ranks-per-node", o.ranks_per_node, "consecutive ranks per node")->check(CLI::Range(1, 1 << 16));
   app.add_option("-b,--bytes", o.bytes, "size as nccl-tests counts it (K/M/G suffixes)")
@@ -222,6 +247,15 @@ Args parse(int argc, char** argv) {
                "and the cost model's prediction of it (--algorithm is ignored; the link options are not read)");
   app.add_flag("--shm", o.shm, "with --predict: the ranks of a node share a segment (a real node; the simulator "
                "has none)");
+  app.add_option("--bench-iters", o.bench_iters, "time as chorus-bench does: a barrier, then N operations "
+                 "back to back; the average per operation, the maximum over the ranks (0: one operation)")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--bench-warmup", o.bench_warmup, "with --bench-iters: operations before the barrier, "
+                 "as chorus-bench's warm-up (they leave streams, NICs and buckets busy or drained)")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--nic-burst", nic_burst, "a NIC's token bucket, bytes (K/M suffixes), as tbf's burst: "
+                 "traffic it covers passes at --inter-gbs, the rest at --nic-gbs (0: no bucket)")
+      ->transform(CLI::AsSizeValue(false));
   app.add_flag("--json", o.json, "print one JSON object");
   try {
     app.parse(argc, argv);
@@ -229,7 +263,7 @@ Args parse(int argc, char** argv) {
     std::exit(app.exit(e));
   }
   o.model = LinkModel{intra_alpha_us * 1e-6, intra_gbs * 1e9, inter_alpha_us * 1e-6,
-                      inter_gbs * 1e9, nic_gbs * 1e9, reduce_gbs * 1e9};
+                      inter_gbs * 1e9, nic_gbs * 1e9, reduce_gbs * 1e9, static_cast<double>(nic_burst)};
   return o;
 }
 
@@ -313,17 +347,27 @@ int run(const Args& o) {
   cost_params() = communicator::parse_cost_params(o.cost_model);
   const Case c{block_count(a, o), o.segment};
   const auto start = std::chrono::steady_clock::now();
-  const Result r = Simulator().run(o.ranks, o.ranks_per_node, o.model, [&](RankEnv& env) { a.run(env, c); });
+  const Algorithm& barrier = algorithms_table().at("barrier:dissemination");
+  std::vector<double> per_op(o.ranks, 0);  // --bench-iters: each rank's average
+  const Result r = Simulator().run(o.ranks, o.ranks_per_node, o.model, [&](RankEnv& env) {
+    if (o.bench_iters == 0) return a.run(env, c);
+    for (int i = 0; i < o.bench_warmup; ++i) a.run(env, c);
+    barrier.run(env, c);
+    const double begun = env.now();
+    for (int i = 0; i < o.bench_iters; ++i) a.run(env, c);
+    per_op[env.rank()] = (env.now() - begun) / o.bench_iters;
+  });
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double time = o.bench_iters == 0 ? r.time : *std::max_element(per_op.begin(), per_op.end());
   const double n = o.ranks, bytes = a.collective == std::string("barrier") ? 0 : static_cast<double>(o.bytes);
-  const double algbw = r.time > 0 ? bytes / r.time / 1e9 : 0;
+  const double algbw = time > 0 ? bytes / time / 1e9 : 0;
   const double busbw = algbw * (a.bus_factor_n > 0 ? a.bus_factor_n * (n - 1) / n : 1);
   if (o.json) {
     std::printf("{\"collective\": \"%s\", \"algorithm\": \"%s\", \"ranks\": %d, \"ranks_per_node\": %d, "
-                "\"bytes\": %zu, \"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
-                "\"messages\": %llu, \"max_peers\": %u, \"max_streams\": %u, \"events\": %llu, "
-                "\"wall_s\": %.3f, \"peak_rss_mib\": %.1f}\n",
-                a.collective, o.algorithm.c_str(), o.ranks, o.ranks_per_node, o.bytes, r.time * 1e6, algbw,
+                "\"bytes\": %zu, \"bench_iters\": %d, \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
+                "\"busbw_gbs\": %.4f, \"messages\": %llu, \"max_peers\": %u, \"max_streams\": %u, "
+                "\"events\": %llu, \"wall_s\": %.3f, \"peak_rss_mib\": %.1f}\n",
+                a.collective, o.algorithm.c_str(), o.ranks, o.ranks_per_node, o.bytes, o.bench_iters, time * 1e6, algbw,
                 busbw, static_cast<unsigned long long>(r.messages), r.max_peers, r.max_streams,
                 static_cast<unsigned long long>(r.events), wall, peak_rss_kib() / 1024.0);
     return 0;
@@ -331,7 +375,7 @@ int run(const Args& o) {
   std::printf("%-15s %-19s %6s %5s %10s %12s %9s %9s %10s %6s %8s %8s\n", "collective", "algorithm", "ranks",
               "/node", "bytes", "time(us)", "algbw", "busbw", "messages", "peers", "wall(s)", "rss(MiB)");
   std::printf("%-15s %-19s %6d %5d %10zu %12.3f %9.3f %9.3f %10llu %6u %8.2f %8.1f\n", a.collective,
-              o.algorithm.c_str(), o.ranks, o.ranks_per_node, o.bytes, r.time * 1e6, algbw, busbw,
+              o.algorithm.c_str(), o.ranks, o.ranks_per_node, o.bytes, time * 1e6, algbw, busbw,
               static_cast<unsigned long long>(r.messages), r.max_peers, wall, peak_rss_kib() / 1024.0);
   return 0;
 }

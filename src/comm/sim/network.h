@@ -16,6 +16,15 @@
 //     and never before the stream's previous message (streams are ordered).
 // So a lone message takes alpha + n / min(beta, nic) between nodes and
 // alpha + n / intra_beta within one: the alpha-beta model.
+//
+// With nic_burst > 0 each NIC direction is instead a token bucket, as Linux's tbf
+// shapes a link: nic_burst bytes of tokens, refilled at nic_bandwidth. A message
+// passes at inter_beta (the line) while the bucket holds tokens, which drain at
+// inter_beta - nic_bandwidth, and at nic_bandwidth once it is empty; still one message
+// at a time per NIC, in the order posted. The receiver's bucket sees the message at the
+// rate it left the sender's. So a message shorter than the tokens a quiet link has
+// saved crosses at the line's speed, while a long run of traffic averages
+// nic_bandwidth.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +42,9 @@ struct LinkModel {
   // Reductions (Context::reduce/reduce_many, charged by the simulator): output bytes
   // per second per rank; 0: reductions take no simulated time. Copies are free.
   double reduce_rate = 8e9;
+  // Bytes of each NIC direction's token bucket (tbf's burst; needs nic_bandwidth > 0 and
+  // inter_beta above it to matter); 0: no bucket, the NIC passes nic_bandwidth.
+  double nic_burst = 0;
 };
 
 // A stream's timing state (see the model above).
@@ -46,21 +58,31 @@ struct Departure {
   double delivered = 0;  // the last byte reached the receiver
 };
 
+// One direction of a node's NIC.
+struct NicClock {
+  double free = 0;    // when its last message has passed
+  double tokens = 0;  // with a bucket: the tokens left at `free`
+};
+
 class Network {
  public:
   Network(const LinkModel& model, int ranks, int ranks_per_node);
 
   int node_of(int rank) const { return rank / ranks_per_node_; }
-  int nodes() const { return static_cast<int>(egress_free_.size()); }
+  int nodes() const { return static_cast<int>(egress_.size()); }
 
   // The times of a message of `bytes` from `from` to `to` posted at `now` on the
   // stream whose clock is `stream`; reserves the stream and the NICs it passes.
   Departure send(int from, int to, size_t bytes, double now, StreamClock& stream);
 
  private:
+  // With a bucket: when `bytes` that reach `nic` from `start` at `line` bytes per second
+  // (0: unlimited) have passed it; reserves it.
+  double pass(NicClock& nic, size_t bytes, double start, double line) const;
+
   LinkModel model_;
   int ranks_per_node_;
-  std::vector<double> egress_free_, ingress_free_;  // per node: when its NIC is free
+  std::vector<NicClock> egress_, ingress_;  // per node
 };
 
 }  // namespace chorus::sim

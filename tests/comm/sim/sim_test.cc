@@ -648,6 +648,44 @@ TEST(SimTime, NodesShareTheirNic) {
   EXPECT_EQ(r.bytes, 8u * bytes);
 }
 
+// A NIC with a token bucket (nic_burst, as tbf shapes a link) passes what its tokens
+// cover at the line's speed and a long run at its rate, and an idle spell refills it.
+// Rank 0 times its sends (a send completes when its last byte has left: each receive is
+// posted in time): a 500 KB message from a full bucket of 1 MB at the 10 GB/s line;
+// 100 MB in 1 MB messages right after it, from the 550 KB of tokens left, which last
+// 550 KB x 10 / 9 of bytes at the line (they drain at 10 - 1 GB/s), the rest at 1 GB/s;
+// then, 10 ms later (a charged reduction on both ranks), 500 KB at the line again.
+TEST(SimTime, ShapedNicBurstsThenKeepsItsRate) {
+  LinkModel m = flat_model(10e-6, 10e9);
+  m.nic_bandwidth = 1e9;
+  m.nic_burst = 1e6;
+  m.reduce_rate = 1e9;
+  const size_t small = 500'000, big = 1'000'000, idle = 10'000'000;
+  const int runs = 100;
+  std::vector<double> took;
+  Simulator().run(2, 1, m, [&](RankEnv& env) {
+    alg::Context ctx = env.begin("alltoall", DataType::kUInt8, true, ReduceOp::kSum, 0);
+    transport::Transport& t = env.transport();
+    std::vector<uint8_t> buf(idle);
+    auto pass = [&](size_t bytes, int count) {
+      const double start = env.now();
+      for (int i = 0; i < count; ++i) {
+        t.wait(env.rank() == 0 ? t.isend(1, buf.data(), bytes) : t.irecv(0, buf.data(), bytes));
+      }
+      if (env.rank() == 0) took.push_back(env.now() - start);
+    };
+    pass(small, 1);
+    pass(big, runs);
+    ctx.reduce(buf.data(), buf.data(), buf.data(), idle);
+    pass(small, 1);
+  });
+  ASSERT_EQ(took.size(), 3u);
+  EXPECT_NEAR(took[0], small / 10e9, 1e-12);
+  const double at_line = (1e6 - 0.9 * small) * 10 / 9;
+  EXPECT_NEAR(took[1], at_line / 10e9 + (runs * big - at_line) / 1e9, 1e-9);
+  EXPECT_NEAR(took[2], small / 10e9, 1e-12);
+}
+
 // A charged reduction takes bytes / reduce_rate: the ring's N - 1 reductions of a chunk
 // add (N - 1) n / (N rate).
 TEST(SimTime, ReductionsAreCharged) {
