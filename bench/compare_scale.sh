@@ -88,7 +88,7 @@ echo "compare_scale: formation rows" >&2
 for n in $formation; do
   for cfg in before after; do
     rc=0
-    timeout -k 10 "$timeout_s" "${traffic[$cfg]}" "$n" 120 >"$WORK/formation.$cfg.$n" \
+    timeout -k 10 "$timeout_s" "${traffic[$cfg]}" "$n" 60 >"$WORK/formation.$cfg.$n" \
       2>"$WORK/formation.$cfg.$n.err" || rc=$?
     ((rc == 0)) || echo "{\"ranks\": $n, \"failed\": $rc}" >"$WORK/formation.$cfg.$n"
   done

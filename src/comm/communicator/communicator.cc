@@ -128,9 +128,15 @@ void CommunicatorImpl::prove_token_around_the_ring() {
   // whose tokens differ fail here, and the ring links every rank to every other.
   transport_->begin(creation_op());
   uint8_t none = 0;
-  transport_->isend((rank_ + 1) % size_, &none, 0);
-  transport_->irecv((rank_ + size_ - 1) % size_, &none, 0);
-  transport_->wait_all();
+  try {
+    transport_->isend((rank_ + 1) % size_, &none, 0);
+    transport_->irecv((rank_ + size_ - 1) % size_, &none, 0);
+    transport_->wait_all();
+  } catch (const Error& e) {
+    // A peer connecting to this rank reads why in the refusal (the token, named).
+    transport_->abort(e.what());
+    throw;
+  }
 }
 
 void CommunicatorImpl::finish_creation(KeyLedger& ledger) {

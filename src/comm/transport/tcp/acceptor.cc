@@ -290,6 +290,11 @@ void Acceptor::evict_one() {
 void Acceptor::drain(const std::string& why) {
   std::string refusal = "rank " + std::to_string(expected_.rank) + " gave up connecting";
   if (!why.empty()) refusal += ": " + why;
+  if (refusing_.load(std::memory_order_acquire)) {
+    // What the transport said when it aborted or closed, which the peers interpret.
+    std::lock_guard<std::mutex> lock(mutex_);
+    refusal = refusing_why_;
+  }
   // Those waiting in the backlog learn why too.
   accept_new();
   Deadline linger(kGiveUpLinger);
