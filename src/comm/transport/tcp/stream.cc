@@ -401,6 +401,11 @@ void TcpTransport::poll_once(Clock::time_point until) {
     if (!p.sends.empty() && p.out.valid()) {
       fds.push_back({p.out.get(), POLLOUT, 0});
       who.push_back(i);
+    } else if (!p.recvs.empty() && !p.in.valid() && p.out.valid()) {
+      // Awaited, and it never sent here: the stream to it is all that shows it die
+      // (its end closes, POLLHUP or POLLRDHUP), where the full mesh had its stream here.
+      fds.push_back({p.out.get(), POLLRDHUP, 0});
+      who.push_back(i);
     }
     short ev = 0;
     const bool peek = suspect_ && p.peeked_serial != serial_ && !p.said_goodbye;
@@ -438,7 +443,12 @@ void TcpTransport::poll_once(Clock::time_point until) {
       continue;
     }
     if (fds[k].fd == peers_[i].out.get()) {
-      if (!peers_[i].sends.empty()) progress_sends(i);
+      if (!peers_[i].sends.empty()) {
+        progress_sends(i);
+      } else if ((re & (POLLRDHUP | POLLHUP | POLLERR)) != 0 && !peers_[i].in.valid()) {
+        fail_closed(i, peer_name(i) + " closed its connection from this rank while this rank "
+                        "waited for data from it");
+      }
     } else if (!peers_[i].recvs.empty()) {
       progress_recvs(i);
     } else {
