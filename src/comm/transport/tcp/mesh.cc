@@ -168,18 +168,23 @@ void TcpTransport::adopt_arrivals_slow() {
   }
 }
 
-void TcpTransport::connect_out(int peer, const Deadline& deadline) {
+void TcpTransport::connect_out(int peer, const Deadline& deadline, int refusals) {
   Peer& p = peers_[peer];
   if (p.out.valid()) return;
   const std::string what = "rank " + std::to_string(rank_) + " connecting to " + peer_name(peer);
   try {
-    p.out = net::connect_to_listener(p.ip, p.port, deadline, what);
+    p.out = net::connect_to_listener(p.ip, p.port, deadline, what, refusals);
   } catch (const TimeoutError& e) {
     throw TimeoutError(op_name() + ": " + e.what(), {peer});
   } catch (const PeerError& e) {
-    // Every peer listens from before its address is published until it closes.
-    fail_peer(peer, std::string(e.what()) + " (the peer process died or aborted)" +
-                        other_dead_peers(peer));
+    // Every peer listens from before its address is published until it exits. One that
+    // aborted may have opened a stream here to say why before it went: that reason, or
+    // a dead peer.
+    try {
+      adopt_arrivals();
+    } catch (const Error&) {
+    }
+    fail_closed(peer, e.what());
   } catch (const SystemError& e) {
     rlimit limit{};
     ::getrlimit(RLIMIT_NOFILE, &limit);

@@ -470,6 +470,10 @@ void TcpTransport::send_control(FrameKind kind, const std::string& text) {
     // The peers that may wait for this rank without a stream from it (connections by
     // use): those that sent here, and those this operation exchanges with. They get a
     // stream now, to read the reason on; a peer that is gone or slow is skipped.
+    // Within 500 ms in all and 100 ms a peer, a refusal not tried again: a stopped peer
+    // accepts the connection in its kernel and never answers, and a dead one refuses
+    // it; this rank's failure report must wait on neither for long (a stopped rank's
+    // survivors fail within their timeout and a little more).
     const Deadline connecting(std::chrono::milliseconds(500));
     std::vector<int> waiting = active_;
     for (int i : linked_) {
@@ -478,7 +482,7 @@ void TcpTransport::send_control(FrameKind kind, const std::string& text) {
     for (int i : waiting) {
       if (peers_[i].out.valid() || connecting.expired()) continue;
       try {
-        connect_out(i, connecting);
+        connect_out(i, connecting.earlier(Deadline(std::chrono::milliseconds(100))), 0);
       } catch (const Error&) {
       }
     }

@@ -86,7 +86,8 @@ class TcpTransport final : public StreamTransport<TcpTransport> {
   // (handshake.h) and sets a stream within this host up for loopback. Throws naming the
   // operation, both ranks and the peer's address when the peer cannot be reached
   // (refused: it died or left), refuses, or does not answer by `deadline`.
-  void connect_out(int peer, const Deadline& deadline);
+  // `refusals`: how many times a refused connection is tried again (net::connect_to_listener).
+  void connect_out(int peer, const Deadline& deadline, int refusals = 3);
   // Takes the connections the acceptor has authenticated since the last call.
   void adopt_arrivals() {
     if (acceptor_ && acceptor_->delivered() != adopted_) adopt_arrivals_slow();
