@@ -23,6 +23,13 @@ constexpr std::chrono::seconds kRefusalTimeout{2};
 // How long a rank that gives up keeps telling the connections it holds why.
 constexpr std::chrono::seconds kGiveUpLinger{1};
 
+// Makes an eventfd readable (best effort: it only wakes a poll()).
+void notify(int eventfd) {
+  uint64_t one = 1;
+  ssize_t ignored = ::write(eventfd, &one, sizeof one);
+  (void)ignored;
+}
+
 }  // namespace
 
 struct Acceptor::Pending {
@@ -77,9 +84,7 @@ void Acceptor::refuse_all(const std::string& why) {
     refusing_why_ = why;
   }
   refusing_.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  ssize_t ignored = ::write(wakeup_.get(), &one, sizeof one);
-  (void)ignored;
+  notify(wakeup_.get());
   std::unique_lock<std::mutex> lock(mutex_);
   seen_.wait_for(lock, std::chrono::seconds(1), [&] { return refusal_seen_ || !running_; });
 }
@@ -90,9 +95,7 @@ void Acceptor::stop(const std::string& why) {
     stop_reason_ = why;
   }
   stopping_.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  ssize_t ignored = ::write(wakeup_.get(), &one, sizeof one);
-  (void)ignored;
+  notify(wakeup_.get());
   if (thread_.joinable()) thread_.join();
 }
 
@@ -115,9 +118,7 @@ void Acceptor::run() {
     running_ = false;
   }
   seen_.notify_all();
-  uint64_t one = 1;  // a transport waiting for connections learns of the error
-  ssize_t ignored = ::write(ready_.get(), &one, sizeof one);
-  (void)ignored;
+  notify(ready_.get());  // a transport waiting for connections learns of the error
 }
 
 void Acceptor::loop() {
@@ -246,9 +247,7 @@ void Acceptor::serve(Pending& p) {
       mailbox_.emplace_back(p.claim, std::move(p.fd));
     }
     delivered_.fetch_add(1, std::memory_order_release);
-    uint64_t one = 1;
-    ssize_t ignored = ::write(ready_.get(), &one, sizeof one);
-    (void)ignored;
+    notify(ready_.get());
     p.done = true;
   } else if (status == ServerHandshake::Status::kRefused) {
     if (p.claim >= 0) claimed_[p.claim] = false;  // its ACCEPTED could not be sent
