@@ -310,16 +310,20 @@ TEST_P(TcpTransportTest, CallOfAnotherSignatureFailsWithTheMismatch) {
   // before it posts its receive, so rank 1, whose first frame from rank 0 is rank 0's
   // data, always fails naming both calls. Rank 0 fails too: on rank n-1's data, or on
   // rank 1's abort when that comes first; then its message holds rank 1's. Any other
-  // rank completes, or fails with the reason of an abort that came before its data.
+  // rank completes, or fails with the reason of an abort that came before its data or
+  // before its own send was through (connections by use: a send to a rank that aborted
+  // already, made on first use, reads that rank's reason).
   run_mesh(GetParam(), [](Transport& t) {
     const int me = t.rank(), n = t.size();
     const int next = (me + 1) % n, prev = (me + n - 1) % n;
     t.begin(collective("allreduce", 0, f32_sum(me == 0 ? 10 : 11)));
     std::vector<uint8_t> out(40, 1), in(40);
-    t.wait(t.isend(next, out.data(), out.size()));
-    t.irecv(prev, in.data(), in.size());
     std::string m;
     try {
+      // The send waits too: its peer may be one that aborted already (rank 0 on rank
+      // 1's abort, say), and then the send fails with that abort's reason.
+      t.wait(t.isend(next, out.data(), out.size()));
+      t.irecv(prev, in.data(), in.size());
       t.wait_all();
     } catch (const PeerError& e) {
       m = e.what();
