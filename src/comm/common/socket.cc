@@ -7,6 +7,7 @@
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,6 +25,18 @@ void Fd::reset() {
 
 void throw_errno(const std::string& what, int err) {
   throw SystemError(what + ": " + std::strerror(err));
+}
+
+Fd make_wakeup(const char* what) {
+  Fd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!fd.valid()) throw_errno(std::string(what) + ": eventfd", errno);
+  return fd;
+}
+
+void wake(int wakeup_fd) {
+  uint64_t one = 1;
+  ssize_t ignored = ::write(wakeup_fd, &one, sizeof one);
+  (void)ignored;
 }
 
 uint16_t SockAddr::port() const {

@@ -45,6 +45,11 @@ class Fd {
   int fd_ = -1;
 };
 
+// A non-blocking eventfd that wakes a poll() on another thread: wake() makes it
+// readable (best effort: a full counter is already readable). Throws SystemError.
+Fd make_wakeup(const char* what);
+void wake(int wakeup_fd);
+
 struct SockAddr {
   sockaddr_storage storage{};
   socklen_t len = 0;

@@ -20,7 +20,6 @@
 // fully sent and it has no parked request, and its socket is not read meanwhile, so
 // each client holds at most one frame in and one reply out.
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -143,8 +142,7 @@ TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t requested_port,
   }
   listen_fd = net::listen_on(host, requested_port);
   port = net::local_address(listen_fd.get()).port();
-  wake_fd = net::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!wake_fd.valid()) net::throw_errno("store server: eventfd", errno);
+  wake_fd = net::make_wakeup("store server");
   epoll_fd = net::Fd(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_fd.valid()) net::throw_errno("store server: epoll_create1", errno);
   for (auto [fd, id] : {std::pair{listen_fd.get(), kListenId}, {wake_fd.get(), kWakeId}}) {
@@ -514,9 +512,7 @@ void TcpStoreServer::Impl::drop_all(const std::string& reason) {
 
 void TcpStoreServer::Impl::stop() {
   stopping.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  ssize_t ignored = ::write(wake_fd.get(), &one, sizeof one);
-  (void)ignored;
+  net::wake(wake_fd.get());
   if (thread.joinable()) thread.join();
 }
 

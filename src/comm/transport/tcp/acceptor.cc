@@ -1,7 +1,6 @@
 #include "comm/transport/tcp/acceptor.h"
 
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,12 +22,6 @@ constexpr std::chrono::seconds kRefusalTimeout{2};
 // How long a rank that gives up keeps telling the connections it holds why.
 constexpr std::chrono::seconds kGiveUpLinger{1};
 
-// Makes an eventfd readable (best effort: it only wakes a poll()).
-void notify(int eventfd) {
-  uint64_t one = 1;
-  ssize_t ignored = ::write(eventfd, &one, sizeof one);
-  (void)ignored;
-}
 
 }  // namespace
 
@@ -49,12 +42,11 @@ Acceptor::Acceptor(net::Fd listener, Expected expected,
                    std::shared_ptr<const net::AllowList> allowlist)
     : listener_(std::move(listener)),
       listening_(net::local_address(listener_.get()).str()),
-      wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-      ready_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+      wakeup_(net::make_wakeup("acceptor")),
+      ready_(net::make_wakeup("acceptor")),
       expected_(std::move(expected)),
       allowlist_(std::move(allowlist)),
       claimed_(static_cast<size_t>(expected_.size), false) {
-  if (!wakeup_.valid() || !ready_.valid()) net::throw_errno("eventfd", errno);
   if (expected_.size > 1) {
     running_ = true;
     thread_ = std::thread([this] { run(); });
@@ -84,7 +76,7 @@ void Acceptor::refuse_all(const std::string& why) {
     refusing_why_ = why;
   }
   refusing_.store(true, std::memory_order_release);
-  notify(wakeup_.get());
+  net::wake(wakeup_.get());
   std::unique_lock<std::mutex> lock(mutex_);
   seen_.wait_for(lock, std::chrono::seconds(1), [&] { return refusal_seen_ || !running_; });
 }
@@ -95,7 +87,7 @@ void Acceptor::stop(const std::string& why) {
     stop_reason_ = why;
   }
   stopping_.store(true, std::memory_order_release);
-  notify(wakeup_.get());
+  net::wake(wakeup_.get());
   if (thread_.joinable()) thread_.join();
 }
 
@@ -118,7 +110,7 @@ void Acceptor::run() {
     running_ = false;
   }
   seen_.notify_all();
-  notify(ready_.get());  // a transport waiting for connections learns of the error
+  net::wake(ready_.get());  // a transport waiting for connections learns of the error
 }
 
 void Acceptor::loop() {
@@ -247,7 +239,7 @@ void Acceptor::serve(Pending& p) {
       mailbox_.emplace_back(p.claim, std::move(p.fd));
     }
     delivered_.fetch_add(1, std::memory_order_release);
-    notify(ready_.get());
+    net::wake(ready_.get());
     p.done = true;
   } else if (status == ServerHandshake::Status::kRefused) {
     if (p.claim >= 0) claimed_[p.claim] = false;  // its ACCEPTED could not be sent

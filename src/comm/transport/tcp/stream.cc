@@ -48,9 +48,7 @@ void TcpTransport::interrupt(const std::string& reason) {
     interrupt_reason_ = reason;
   }
   interrupted_.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  ssize_t ignored = ::write(wakeup_.get(), &one, sizeof one);
-  (void)ignored;
+  net::wake(wakeup_.get());
 }
 
 void TcpTransport::check_interrupt() {

@@ -10,7 +10,6 @@
 //   peers that closed, died or aborted, and deadlines that passed.
 #pragma once
 
-#include <sys/eventfd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -53,9 +52,7 @@ class TcpTransport final : public StreamTransport<TcpTransport> {
   TcpTransport(int rank, int size, std::vector<Peer> peers, std::unique_ptr<Acceptor> acceptor,
                ConnectSettings settings)
       : rank_(rank), size_(size), peers_(std::move(peers)), acceptor_(std::move(acceptor)),
-        settings_(std::move(settings)), wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-    if (!wakeup_.valid()) net::throw_errno("eventfd", errno);
-  }
+        settings_(std::move(settings)), wakeup_(net::make_wakeup("tcp transport")) {}
   ~TcpTransport() override { close(); }
   // The sockets this rank holds to its peers now (`out` and `in` streams).
   int open_streams() const;
