@@ -33,7 +33,34 @@ void check_tensor(const at::Tensor& t, const std::string& op, const std::string&
     refuse(op, what + " is on " + t.device().str() +
                    "; the chorus backend takes CPU tensors (move it with .cpu())");
   }
-  if (t.layout() != at::kStrided) refuse(op, what + " is sparse; chorus takes dense tensors");
+  if (t.layout() != at::kStrided) {
+    refuse(op, what + " has layout " + c10::str(t.layout()) + "; chorus " + op +
+                   " takes dense tensors (of sparse ones, chorus only sums sparse COO tensors, "
+                   "with allreduce)");
+  }
+}
+
+void check_sparse(const at::Tensor& t, const ::c10d::ReduceOp& torch_op, const std::string& op) {
+  if (!t.device().is_cpu()) {
+    refuse(op, "tensor is on " + t.device().str() +
+                   "; the chorus backend takes CPU tensors (move it with .cpu())");
+  }
+  const auto type = static_cast<::c10d::ReduceOp::RedOpType>(torch_op);
+  if (type != ::c10d::ReduceOp::SUM) {
+    refuse(op, std::string("ReduceOp.") + torch_op_name(type) +
+                   " of sparse tensors is not supported: sparse tensors are summed "
+                   "(ReduceOp.SUM), as gloo does");
+  }
+  reduction_of(t, torch_op, op);  // refuses dtypes chorus cannot sum
+#if TORCH_VERSION_MAJOR < 2
+  // torch 1.x has no sparse addition of BFloat16 (gloo's refuses the dtype). Its Half
+  // addition is missing too, but is never reached where at most one tensor has
+  // nonzeros: those gloo sums, and chorus as well (the addition fails otherwise).
+  if (t.scalar_type() == at::kBFloat16) {
+    refuse(op, std::string("torch ") + TORCH_VERSION +
+                   " cannot add sparse BFloat16 tensors (nor can gloo); sum them in float32");
+  }
+#endif
 }
 
 at::Tensor& single(std::vector<at::Tensor>& tensors, const std::string& op,
