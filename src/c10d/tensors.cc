@@ -51,16 +51,24 @@ void check_sparse(const at::Tensor& t, const ::c10d::ReduceOp& torch_op, const s
                    " of sparse tensors is not supported: sparse tensors are summed "
                    "(ReduceOp.SUM), as gloo does");
   }
-  reduction_of(t, torch_op, op);  // refuses dtypes chorus cannot sum
-#if TORCH_VERSION_MAJOR < 2
-  // torch 1.x has no sparse addition of BFloat16 (gloo's refuses the dtype). Its Half
-  // addition is missing too, but is never reached where at most one tensor has
-  // nonzeros: those gloo sums, and chorus as well (the addition fails otherwise).
-  if (t.scalar_type() == at::kBFloat16) {
-    refuse(op, std::string("torch ") + TORCH_VERSION +
-                   " cannot add sparse BFloat16 tensors (nor can gloo); sum them in float32");
-  }
+  // The dtypes gloo's sparse allreduce moves (its transport's types); gloo then adds
+  // with ATen, which lacks some (Half on torch 1.x, Bool): where two ranks' nonzeros
+  // meet, gloo's addition fails, and chorus's, the same, fails alike.
+  static const std::vector<at::ScalarType> gloo_moves{
+      at::kFloat, at::kDouble, at::kHalf, at::kChar, at::kByte, at::kInt, at::kLong,
+#if TORCH_VERSION_MAJOR >= 2
+      at::kBFloat16, at::kBool,
 #endif
+  };
+  if (std::find(gloo_moves.begin(), gloo_moves.end(), t.scalar_type()) == gloo_moves.end()) {
+    std::string names;
+    for (at::ScalarType dtype : gloo_moves) {
+      names += (names.empty() ? "" : ", ") + std::string(c10::toString(dtype));
+    }
+    refuse(op, std::string("sparse ") + c10::toString(t.scalar_type()) +
+                   " tensors are not supported: on torch " + TORCH_VERSION +
+                   ", chorus sums the sparse dtypes gloo does (" + names + ")");
+  }
 }
 
 at::Tensor& single(std::vector<at::Tensor>& tensors, const std::string& op,
