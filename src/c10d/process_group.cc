@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "c10d/sparse_allreduce.h"
 #include "c10d/store_adapter.h"
 #include "c10d/tensors.h"
 
@@ -29,6 +30,7 @@ ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<::c10d::Store>& 
   comms_->p2p[0] = Communicator::create(chorus_store, rank, size, options);
   options.comm_id = "torch/p2p-down";
   comms_->p2p[1] = Communicator::create(chorus_store, rank, size, options);
+  stages_ = std::make_shared<Stages>(comms_->collectives);
   completer_ = std::make_shared<Completer>();
 }
 
@@ -47,11 +49,12 @@ ProcessGroupChorus::~ProcessGroupChorus() {
 ProcessGroupChorus::Ptr ProcessGroupChorus::launch(OpType type, Work operation,
                                                    std::vector<at::Tensor> outputs,
                                                    ChorusWork::Finisher finish,
-                                                   std::vector<at::Tensor> keep, Work partner) {
+                                                   std::vector<at::Tensor> keep, Work partner,
+                                                   ChorusWork::LaterDone later_done) {
   ++sequence_;
   auto work = c10::make_intrusive<ChorusWork>(rank_, type, std::move(operation), std::move(outputs),
                                               std::move(finish), std::move(keep), comms_,
-                                              completer_, std::move(partner));
+                                              completer_, std::move(partner), std::move(later_done));
   std::lock_guard<std::mutex> lock(pending_mutex_);
   while (!pending_.empty() && pending_.front()->operation_done()) pending_.pop_front();
   pending_.push_back(work);
@@ -76,12 +79,36 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::broadcast(std::vector<at::Tensor>& t
 ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce(std::vector<at::Tensor>& tensors,
                                                       const ::c10d::AllreduceOptions& opts) {
   const std::string op = "allreduce";
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
+    return sparse_allreduce(tensors[0], opts);
+  }
   at::Tensor& t = single(tensors, op);
   check_timeout(opts.timeout, timeout_, op);
   const Reduction r = reduction_of(t, opts.reduceOp, op);
   at::Tensor buf = premultiplied(staged_in(t), opts.reduceOp);
   Work w = comm().allreduce(buf.data_ptr(), buf.data_ptr(), elems(buf, r.width), r.dtype, r.op);
   return launch(OpType::ALLREDUCE, w, {t}, copy_back(t, buf), {buf});
+}
+
+// The work's first operation is the header exchange; the data exchange is issued later
+// (stages.h), by whichever comes first: the next operation of the group, a wait, the
+// completion thread of its future, or a poll of isCompleted() that finds the headers in.
+ProcessGroupChorus::Ptr ProcessGroupChorus::sparse_allreduce(at::Tensor& t,
+                                                             const ::c10d::AllreduceOptions& opts) {
+  const std::string op = "allreduce";
+  check_sparse(t, opts.reduceOp, op);
+  check_timeout(opts.timeout, timeout_, op);
+  auto sparse = std::make_shared<SparseAllreduce>(t, rank_, size_);
+  stages_->start(sparse);
+  auto finish = [stages = stages_, sparse, t]() mutable {
+    stages->advance(sparse.get(), /*wait=*/true);
+    sparse->finish(t);
+  };
+  auto later_done = [stages = stages_, sparse] {
+    return stages->advance(sparse.get(), /*wait=*/false) && sparse->done();
+  };
+  return launch(OpType::ALLREDUCE, sparse->headers_work(), {t}, std::move(finish), {},
+                Work{}, std::move(later_done));
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::allreduce_coalesced(

@@ -9,7 +9,8 @@
 // overridden (CommOptions::from_env(timeout)).
 //
 // Tensors: CPU only; any layout (non-contiguous tensors are staged through a contiguous
-// copy and written back). Reductions take float32/64, float16, bfloat16, int8, uint8,
+// copy and written back); dense, except allreduce, which also sums sparse COO tensors
+// (ReduceOp.SUM only) as gloo does (sparse_allreduce.h). Reductions take float32/64, float16, bfloat16, int8, uint8,
 // int32, int64, complex64/128 (SUM and AVG, as pairs of reals) and bool (MIN, MAX,
 // PRODUCT); every other collective moves any dtype as bytes. Ops: SUM, AVG, PRODUCT,
 // MIN, MAX; the bitwise ops and PREMUL_SUM are refused naming the op. A bad call (a
@@ -33,6 +34,7 @@
 
 #include <atomic>
 
+#include "c10d/stages.h"
 #include "c10d/tensors.h"
 #include "c10d/work.h"
 
@@ -125,15 +127,22 @@ class ProcessGroupChorus : public BackendBase {
 
  private:
   // `partner`: a second operation the work also waits for (a receive from any source,
-  // issued on both send/recv communicators).
+  // issued on both send/recv communicators). `later_done`: of an operation issued in
+  // stages (stages.h), whether its later stages have finished.
   Ptr launch(::c10d::OpType type, Work operation, std::vector<at::Tensor> outputs,
-             ChorusWork::Finisher finish, std::vector<at::Tensor> keep, Work partner = {});
-  Communicator& comm() { return *comms_->collectives; }
+             ChorusWork::Finisher finish, std::vector<at::Tensor> keep, Work partner = {},
+             ChorusWork::LaterDone later_done = nullptr);
+  // The collectives communicator, once the pending stage of an earlier operation has
+  // been issued (stages.h): every collective issues through it.
+  Communicator& comm() { return stages_->ready(); }
+  // allreduce of a sparse COO tensor (sparse_allreduce.h).
+  Ptr sparse_allreduce(at::Tensor& t, const ::c10d::AllreduceOptions& opts);
   Communicator& p2p_to(int peer) { return *comms_->p2p[rank_ < peer ? 0 : 1]; }
   Communicator& p2p_from(int peer) { return *comms_->p2p[peer < rank_ ? 0 : 1]; }
 
   GroupTimeout timeout_;
   std::shared_ptr<Comms> comms_;
+  std::shared_ptr<Stages> stages_;
   std::atomic<uint64_t> sequence_{0};
   std::shared_ptr<Completer> completer_;
   // Every work until its operations are done, so that the buffers they use stay alive

@@ -33,7 +33,42 @@ void check_tensor(const at::Tensor& t, const std::string& op, const std::string&
     refuse(op, what + " is on " + t.device().str() +
                    "; the chorus backend takes CPU tensors (move it with .cpu())");
   }
-  if (t.layout() != at::kStrided) refuse(op, what + " is sparse; chorus takes dense tensors");
+  if (t.layout() != at::kStrided) {
+    refuse(op, what + " has layout " + c10::str(t.layout()) + "; chorus " + op +
+                   " takes dense tensors (of sparse ones, chorus only sums sparse COO tensors, "
+                   "with allreduce)");
+  }
+}
+
+void check_sparse(const at::Tensor& t, const ::c10d::ReduceOp& torch_op, const std::string& op) {
+  if (!t.device().is_cpu()) {
+    refuse(op, "tensor is on " + t.device().str() +
+                   "; the chorus backend takes CPU tensors (move it with .cpu())");
+  }
+  const auto type = static_cast<::c10d::ReduceOp::RedOpType>(torch_op);
+  if (type != ::c10d::ReduceOp::SUM) {
+    refuse(op, std::string("ReduceOp.") + torch_op_name(type) +
+                   " of sparse tensors is not supported: sparse tensors are summed "
+                   "(ReduceOp.SUM), as gloo does");
+  }
+  // The dtypes gloo's sparse allreduce moves (its transport's types); gloo then adds
+  // with ATen, which lacks some (Half on torch 1.x, Bool): where two ranks' nonzeros
+  // meet, gloo's addition fails, and chorus's, the same, fails alike.
+  static const std::vector<at::ScalarType> gloo_moves{
+      at::kFloat, at::kDouble, at::kHalf, at::kChar, at::kByte, at::kInt, at::kLong,
+#if TORCH_VERSION_MAJOR >= 2
+      at::kBFloat16, at::kBool,
+#endif
+  };
+  if (std::find(gloo_moves.begin(), gloo_moves.end(), t.scalar_type()) == gloo_moves.end()) {
+    std::string names;
+    for (at::ScalarType dtype : gloo_moves) {
+      names += (names.empty() ? "" : ", ") + std::string(c10::toString(dtype));
+    }
+    refuse(op, std::string("sparse ") + c10::toString(t.scalar_type()) +
+                   " tensors are not supported: on torch " + TORCH_VERSION +
+                   ", chorus sums the sparse dtypes gloo does (" + names + ")");
+  }
 }
 
 at::Tensor& single(std::vector<at::Tensor>& tensors, const std::string& op,

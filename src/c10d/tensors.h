@@ -24,8 +24,12 @@ namespace chorus::c10d_backend {
 std::string shape_of(const at::Tensor& t);
 std::string describe(const at::Tensor& t);
 
-// A defined, dense CPU tensor.
+// A defined, dense CPU tensor (a sparse one is refused naming allreduce, which sums
+// sparse COO tensors).
 void check_tensor(const at::Tensor& t, const std::string& op, const std::string& what);
+// A sparse tensor allreduce sums: a CPU sparse COO tensor of a dtype gloo's sparse
+// allreduce takes on this torch, and ReduceOp.SUM (gloo refuses every other op too).
+void check_sparse(const at::Tensor& t, const ::c10d::ReduceOp& torch_op, const std::string& op);
 // The one tensor a process passes: torch's lists of several are for several devices.
 at::Tensor& single(std::vector<at::Tensor>& tensors, const std::string& op,
                    const std::string& what = "tensor");

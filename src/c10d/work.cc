@@ -18,10 +18,12 @@ void Comms::abort_all(const std::string& reason) {
 ChorusWork::ChorusWork(int rank, ::c10d::OpType type, ::chorus::Work operation,
                        std::vector<at::Tensor> outputs, Finisher finish,
                        std::vector<at::Tensor> keep, std::shared_ptr<Comms> comms,
-                       std::weak_ptr<Completer> completer, ::chorus::Work partner)
+                       std::weak_ptr<Completer> completer, ::chorus::Work partner,
+                       LaterDone later_done)
     : ::c10d::Work(rank, type),
       operation_(std::move(operation)),
       partner_(std::move(partner)),
+      later_done_(std::move(later_done)),
       outputs_(std::move(outputs)),
       finish_(std::move(finish)),
       keep_(std::move(keep)),

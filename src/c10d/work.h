@@ -46,12 +46,15 @@ class Completer;
 class ChorusWork : public ::c10d::Work {
  public:
   using Finisher = std::function<void()>;
+  // Whether the stages of an operation issued after `operation` (stages.h) have
+  // finished; it may issue them (without blocking) to find out.
+  using LaterDone = std::function<bool()>;
   // `finish` runs once `operation` has succeeded, before the future completes with
   // `outputs`. `keep` holds tensors the operation reads or writes.
   ChorusWork(int rank, ::c10d::OpType type, ::chorus::Work operation,
              std::vector<at::Tensor> outputs, Finisher finish, std::vector<at::Tensor> keep,
              std::shared_ptr<Comms> comms, std::weak_ptr<Completer> completer,
-             ::chorus::Work partner = {});
+             ::chorus::Work partner = {}, LaterDone later_done = nullptr);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -66,13 +69,16 @@ class ChorusWork : public ::c10d::Work {
   // Waits for the chorus operation, runs the finisher, completes the future; once.
   void complete();
   // True once the chorus operation has finished (the finisher may not have run).
-  bool operation_done() const { return operation_.is_completed() && partner_.is_completed(); }
+  bool operation_done() const {
+    return operation_.is_completed() && partner_.is_completed() && (!later_done_ || later_done_());
+  }
   // A receive's sender (torch's Work::sourceRank); other works raise as torch's do.
   int sourceRank() const override;
 
  private:
   ::chorus::Work operation_;
   ::chorus::Work partner_;  // empty (completed) unless a second operation belongs to it
+  LaterDone later_done_;    // nullptr unless later stages belong to it
   std::vector<at::Tensor> outputs_;
   Finisher finish_;
   std::vector<at::Tensor> keep_;

@@ -85,6 +85,32 @@ class DDPAgainstGloo(unittest.TestCase):
         ok(self, ranks.run("ddp_worker.py", 3, env=ENV), "steps ")
 
 
+class SparseAgainstGloo(unittest.TestCase):
+    """all_reduce of sparse COO tensors (DDP's sparse embedding gradients) on chorus
+    against gloo (sparse_worker.py): gloo's results bit for bit, gloo's refusals, an
+    error on every rank for tensors that disagree, DDP trained like DDP over gloo."""
+
+    def test_results_world_sizes_1_to_4(self):
+        for n in (1, 2, 3, 4):
+            with self.subTest(world_size=n):
+                ok(self, ranks.run("sparse_worker.py", n, ["results"], env=ENV), "checks ")
+
+    def test_results_two_simulated_nodes_of_two(self):
+        ok(self, ranks.run("sparse_worker.py", 4, ["results"], env=ENV, nodes=2), "checks ")
+
+    def test_disagreeing_ranks_fail_on_every_rank(self):
+        for n in (2, 3):
+            with self.subTest(world_size=n):
+                ok(self, ranks.run("sparse_worker.py", n, ["mismatch"], env=ENV), "checks ")
+
+    def test_ddp_sparse_embeddings(self):
+        # Two ranks: bit for bit. Three and four: the dense Linear's gradients are summed
+        # in another order than gloo's (the sparse ones in gloo's).
+        for n in (2, 3, 4):
+            with self.subTest(world_size=n):
+                ok(self, ranks.run("sparse_worker.py", n, ["ddp"], env=ENV), "checks ")
+
+
 class SharedBuckets(unittest.TestCase):
     """torch_chorus.DistributedDataParallel keeps its buckets in node-shared memory
     where the direct path is possible, and trains bit for bit like torch's DDP with
