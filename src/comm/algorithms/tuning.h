@@ -151,12 +151,24 @@ struct Tuning {
   // ranks over loopback): broadcast and reduce over tcp take the binomial tree up to
   // this many bytes and the pipelined chain beyond, where bandwidth dominates.
   size_t tree_limit_bytes = 64 * 1024;
-  // The largest group tree_limit_bytes (and hier_broadcast_small_bytes) hold for: the
-  // groups they were measured on (2-8 ranks). Larger groups take the tree or the chain
-  // by the cost formulas, which weigh the chain's N - 1 latencies (9.2 ms at 1,024
-  // ranks with the built-in alpha of 9 us) against the tree's log2 N copies of the
-  // bytes.
+  // The largest group tree_limit_bytes (and hier_broadcast_small_bytes), the direct
+  // gather and scatter and reduce_scatter_halving_max_bytes hold for: the groups they
+  // were measured on (2-8 ranks). Larger groups choose by the cost formulas, which weigh
+  // the chain's N - 1 latencies (9.2 ms at 1,024 ranks with the built-in alpha of 9 us)
+  // against the tree's log2 N copies of the bytes, and the direct root's N - 1
+  // messages against the binomial tree's log2 N rounds.
   size_t tree_limit_max_ranks = 8;
+  // On those groups gather and scatter over tcp are direct (the root talks to every
+  // rank), and reduce_scatter takes recursive halving up to this many bytes of input
+  // and the ring beyond. bench/compare_builds.sh over tcp, best of 3 alternating
+  // rounds, the cost model's choice (binomial gather and scatter, halving at every
+  // size) against the direct and ring ones before it: 8 ranks, gather 0 B-128 KiB
+  // 1.5-4.1x slower, scatter 1.2-2.3x; reduce_scatter's halving 0.36-0.46x the
+  // ring's time up to 32 KiB and 0.71-0.84x at 128 KiB, but 1.6-2.0x at 512 KiB and
+  // 2 MiB (4 ranks: 0.59-0.77 to 128 KiB, 1.55-1.58 from 512 KiB; 2 ranks 0.53-0.81,
+  // then 1.14-1.25). In an 8-process job on 2 cores, a tree's rounds each wait for
+  // a process to be scheduled, where the root's direct messages all cross at once.
+  size_t reduce_scatter_halving_max_bytes = 256 * 1024;
 
   // ---- flat allreduce over tcp (communicator/cost_model.cc: cheapest())
 

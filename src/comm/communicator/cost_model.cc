@@ -239,6 +239,7 @@ constexpr TuningKey kTuningKeys[] = {
     {"hier_max_chunks", &algorithms::Tuning::hier_max_chunks, 1},
     {"tree_limit_bytes", &algorithms::Tuning::tree_limit_bytes, 0},
     {"tree_limit_max_ranks", &algorithms::Tuning::tree_limit_max_ranks, 1},
+    {"reduce_scatter_halving_max_bytes", &algorithms::Tuning::reduce_scatter_halving_max_bytes, 0},
     {"pair_rd_max_bytes", &algorithms::Tuning::pair_rd_max_bytes, 0},
     {"inline_bytes", &algorithms::Tuning::inline_bytes, 0},
     {"inline_polls", &algorithms::Tuning::inline_polls, 0},

@@ -144,6 +144,14 @@ Algorithm tcp_choice(Collective c, size_t bytes, const Shape& shape, const CostP
     if (bytes <= t.tree_limit_bytes) return Algorithm::kBinomialTree;
     if (static_cast<size_t>(shape.size) <= t.tree_limit_max_ranks) return Algorithm::kRing;
   }
+  // Gather, scatter and reduce_scatter on the groups they were measured on
+  // (Tuning::reduce_scatter_halving_max_bytes): direct, and halving then the ring.
+  if (static_cast<size_t>(shape.size) <= t.tree_limit_max_ranks && best != Algorithm::kHierarchical) {
+    if (c == Collective::kGather || c == Collective::kScatter) return Algorithm::kAuto;
+    if (c == Collective::kReduceScatter) {
+      return bytes <= t.reduce_scatter_halving_max_bytes ? Algorithm::kHalvingDoubling : Algorithm::kRing;
+    }
+  }
   return best;
 }
 

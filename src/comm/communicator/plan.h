@@ -51,7 +51,9 @@ struct Call {
 // the rows' formulas (cost_model.h; cheapest() and its measured two-rank cut-off),
 // except that broadcast and reduce take the binomial tree up to
 // Tuning::tree_limit_bytes and, on groups of up to Tuning::tree_limit_max_ranks, the
-// chain beyond (the measured rule), and that collectives without formulas (allgatherv,
+// chain beyond (the measured rule), that on those groups gather and scatter are direct
+// and reduce_scatter is recursive halving up to Tuning::reduce_scatter_halving_max_bytes
+// and the ring beyond (measured too), and that collectives without formulas (allgatherv,
 // alltoallv) take their one row over tcp. A function of the shape and the parameters
 // only: Communicator::algorithm_for() asks it once shared memory is ruled out, and the
 // tests sweep it over shapes no test can start (1,024 to 16,384 ranks).

@@ -357,5 +357,28 @@ TEST(CostModelAtScale, BroadcastBeyondTheMeasuredGroupsByCost) {
   }
 }
 
+// Gather, scatter and reduce_scatter on the groups the measured rules hold for (2 to
+// Tuning::tree_limit_max_ranks): direct, and recursive halving up to
+// reduce_scatter_halving_max_bytes then the ring; on larger groups the model's trees
+// and halving, whose log2 N rounds beat N - 1 there.
+TEST(CostModelAtScale, GatherScatterAndReduceScatterOnTheMeasuredGroups) {
+  const CostParams p;
+  const size_t cut = p.tuning.reduce_scatter_halving_max_bytes;
+  for (int n : {2, 3, 4, 5, 8}) {
+    Shape s{.size = n, .nodes = n, .local_size = 1};
+    for (size_t bytes : {size_t{0}, size_t{8}, size_t{64} << 10, size_t{16} << 20}) {
+      EXPECT_EQ(tcp_choice(Collective::kGather, bytes, s, p, false), Algorithm::kAuto) << n << " ranks, " << bytes;
+      EXPECT_EQ(tcp_choice(Collective::kScatter, bytes, s, p, false), Algorithm::kAuto) << n << " ranks, " << bytes;
+    }
+    EXPECT_EQ(tcp_choice(Collective::kReduceScatter, 8 * n, s, p, false), Algorithm::kHalvingDoubling) << n;
+    EXPECT_EQ(tcp_choice(Collective::kReduceScatter, cut, s, p, false), Algorithm::kHalvingDoubling) << n;
+    EXPECT_EQ(tcp_choice(Collective::kReduceScatter, cut + 1, s, p, false), Algorithm::kRing) << n;
+  }
+  Shape many{.size = 1024, .nodes = 1024, .local_size = 1};
+  EXPECT_EQ(tcp_choice(Collective::kGather, 8, many, p, false), Algorithm::kBinomialTree);
+  EXPECT_EQ(tcp_choice(Collective::kScatter, 8, many, p, false), Algorithm::kBinomialTree);
+  EXPECT_EQ(tcp_choice(Collective::kReduceScatter, size_t{8} << 20, many, p, false), Algorithm::kHalvingDoubling);
+}
+
 }  // namespace
 }  // namespace chorus::communicator
