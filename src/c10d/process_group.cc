@@ -143,9 +143,22 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::allgather(std::vector<std::vector<at
   at::Tensor& in = single(inputs, op, "input");
   check_timeout(opts.timeout, timeout_, op);
   if (outputs.size() != 1) refuse(op, "takes one output list per process, got " + std::to_string(outputs.size()));
-  check_list(outputs[0], in, size_, op, "output list", "the input");
+  const bool even = check_ranks_list(outputs[0], in, size_, rank_, op, "output list", "the input");
   const Moved m = moved_of(in);
   at::Tensor src = staged_in(in);
+  if (!even) {
+    // Rank r's block is outputs[r]'s size: chorus's allgatherv.
+    std::vector<size_t> counts;
+    int64_t total = 0;
+    for (const at::Tensor& o : outputs[0]) {
+      counts.push_back(elems(o, m.width));
+      total += o.numel();
+    }
+    at::Tensor flat = at::empty({total}, in.options());
+    Work w = comm().allgatherv(src.data_ptr(), elems(src, m.width), flat.data_ptr(), counts, {},
+                               m.dtype);
+    return launch(OpType::ALLGATHER, w, outputs[0], unpack_into(outputs[0], flat), {src, flat});
+  }
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
   Work w = comm().allgather(src.data_ptr(), flat.data_ptr(), elems(src, m.width), m.dtype);
   return launch(OpType::ALLGATHER, w, outputs[0], unpack_into(outputs[0], flat), {src, flat});
@@ -258,12 +271,39 @@ ProcessGroupChorus::Ptr ProcessGroupChorus::reduce_scatter(
   at::Tensor& out = single(outputs, op, "output");
   check_timeout(opts.timeout, timeout_, op);
   if (inputs.size() != 1) refuse(op, "takes one input list per process, got " + std::to_string(inputs.size()));
-  check_list(inputs[0], out, size_, op, "input list", "the output");
+  if (!check_ranks_list(inputs[0], out, size_, rank_, op, "input list", "the output")) {
+    return reduce_scatter_uneven(out, inputs[0], opts);
+  }
   const Reduction r = reduction_of(out, opts.reduceOp, op);
   at::Tensor flat = premultiplied(packed(inputs[0]), opts.reduceOp);
   at::Tensor dst = staged_out(out);
   Work w = comm().reduce_scatter(flat.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
   return launch(OpType::REDUCE_SCATTER, w, {out}, copy_back(out, dst), {flat, dst});
+}
+
+// Rank r's block is inputs[r]'s size. Chorus reduce-scatters blocks padded to the
+// largest (every rank pads block r alike, and the padding is never read back), unless
+// the padding would move more than an allreduce of the unpadded blocks does (a ring
+// moves (size-1)/size of size*largest against 2*(size-1)/size of the total): then that
+// allreduce, of which each rank keeps its block.
+ProcessGroupChorus::Ptr ProcessGroupChorus::reduce_scatter_uneven(
+    at::Tensor& out, std::vector<at::Tensor>& inputs, const ::c10d::ReduceScatterOptions& opts) {
+  const Reduction r = reduction_of(out, opts.reduceOp, "reduce_scatter");
+  int64_t largest = 0, total = 0, offset = 0;
+  for (int k = 0; k < size_; ++k) {
+    largest = std::max(largest, inputs[k].numel());
+    total += inputs[k].numel();
+    if (k < rank_) offset += inputs[k].numel();
+  }
+  if (size_ * largest > 2 * total) {
+    at::Tensor flat = premultiplied(packed(inputs), opts.reduceOp);
+    Work w = comm().allreduce(flat.data_ptr(), flat.data_ptr(), elems(flat, r.width), r.dtype, r.op);
+    return launch(OpType::REDUCE_SCATTER, w, {out}, copy_block(out, flat, offset), {flat});
+  }
+  at::Tensor flat = premultiplied(packed_padded(inputs, largest), opts.reduceOp);
+  at::Tensor dst = at::empty({largest}, flat.options());
+  Work w = comm().reduce_scatter(flat.data_ptr(), dst.data_ptr(), elems(dst, r.width), r.dtype, r.op);
+  return launch(OpType::REDUCE_SCATTER, w, {out}, copy_block(out, dst, 0), {flat, dst});
 }
 
 ProcessGroupChorus::Ptr ProcessGroupChorus::_reduce_scatter_base(

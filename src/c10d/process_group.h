@@ -13,7 +13,9 @@
 // (ReduceOp.SUM only) as gloo does (sparse_allreduce.h). Reductions take float32/64, float16, bfloat16, int8, uint8,
 // int32, int64, complex64/128 (SUM and AVG, as pairs of reals) and bool (MIN, MAX,
 // PRODUCT); every other collective moves any dtype as bytes. Ops: SUM, AVG, PRODUCT,
-// MIN, MAX; the bitwise ops and PREMUL_SUM are refused naming the op. A bad call (a
+// MIN, MAX; the bitwise ops and PREMUL_SUM are refused naming the op. allgather's and
+// reduce_scatter's lists may hold tensors of different sizes, rank r's the size of rank
+// r's input (output), the same on every rank (TorchRec's unequal batches). A bad call (a
 // CUDA tensor, a dtype or op chorus lacks, sizes that disagree, a list of several
 // tensors per process) throws before anything is sent and leaves the group usable.
 //
@@ -137,6 +139,9 @@ class ProcessGroupChorus : public BackendBase {
   Communicator& comm() { return stages_->ready(); }
   // allreduce of a sparse COO tensor (sparse_allreduce.h).
   Ptr sparse_allreduce(at::Tensor& t, const ::c10d::AllreduceOptions& opts);
+  // reduce_scatter of an input list whose tensors differ in size from rank to rank.
+  Ptr reduce_scatter_uneven(at::Tensor& out, std::vector<at::Tensor>& inputs,
+                            const ::c10d::ReduceScatterOptions& opts);
   Communicator& p2p_to(int peer) { return *comms_->p2p[rank_ < peer ? 0 : 1]; }
   Communicator& p2p_from(int peer) { return *comms_->p2p[peer < rank_ ? 0 : 1]; }
 

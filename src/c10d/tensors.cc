@@ -187,6 +187,20 @@ ChorusWork::Finisher unpack_into(std::vector<at::Tensor> outputs, at::Tensor fla
   };
 }
 
+at::Tensor packed_padded(const std::vector<at::Tensor>& parts, int64_t block) {
+  at::Tensor flat = at::zeros({static_cast<int64_t>(parts.size()) * block}, parts.at(0).options());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    flat.narrow(0, static_cast<int64_t>(i) * block, parts[i].numel()).copy_(parts[i].reshape({-1}));
+  }
+  return flat;
+}
+
+ChorusWork::Finisher copy_block(const at::Tensor& out, at::Tensor flat, int64_t offset) {
+  return [out, flat, offset]() mutable {
+    out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
+  };
+}
+
 void check_like(const at::Tensor& t, const at::Tensor& like, const std::string& op,
                 const std::string& what, const std::string& like_what) {
   check_tensor(t, op, what);
@@ -205,6 +219,27 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, siz
   for (size_t i = 0; i < list.size(); ++i) {
     check_like(list[i], like, op, what + "[" + std::to_string(i) + "]", like_what);
   }
+}
+
+bool check_ranks_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int expected,
+                      int rank, const std::string& op, const std::string& what,
+                      const std::string& like_what) {
+  if (list.size() != static_cast<size_t>(expected)) {
+    refuse(op, what + " has " + std::to_string(list.size()) + " tensors; expected " +
+                   std::to_string(expected) + " (one per rank)");
+  }
+  bool even = true;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string name = what + "[" + std::to_string(i) + "]";
+    check_tensor(list[i], op, name);
+    if (list[i].scalar_type() != like.scalar_type()) {
+      refuse(op, name + " is " + describe(list[i]) + " but " + like_what + " is " +
+                     describe(like) + " (they must have the same dtype)");
+    }
+    even = even && list[i].numel() == like.numel();
+  }
+  check_like(list[rank], like, op, what + "[" + std::to_string(rank) + "] (this rank's)", like_what);
+  return even;
 }
 
 void check_timeout(std::chrono::milliseconds requested, const GroupTimeout& group, const std::string& op) {

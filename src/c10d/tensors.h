@@ -39,6 +39,13 @@ void check_like(const at::Tensor& t, const at::Tensor& like, const std::string& 
 // `list` has `expected` tensors, each like `like`.
 void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t expected,
                 const std::string& op, const std::string& what, const std::string& like_what);
+// A list of one tensor per rank whose sizes may differ from rank to rank, as torch's
+// all_gather and reduce_scatter allow (TorchRec's row-wise sharding passes such lists
+// when the ranks' batches differ): `expected` tensors of `like`'s dtype, the one at
+// `rank` with `like`'s number of elements. Returns whether every one has that number.
+bool check_ranks_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int expected,
+                      int rank, const std::string& op, const std::string& what,
+                      const std::string& like_what);
 // A group's timeout: the one that applies (CHORUS_TIMEOUT's when set) and the one the
 // program gave (init_process_group's, new_group's), which torch may pass back per call.
 struct GroupTimeout {
@@ -100,6 +107,12 @@ ChorusWork::Finisher copy_back(const at::Tensor& t, const at::Tensor& staged);
 at::Tensor packed(const std::vector<at::Tensor>& parts);
 // Copies consecutive blocks of `flat` (of each output's size) into `outputs`.
 ChorusWork::Finisher unpack_into(std::vector<at::Tensor> outputs, at::Tensor flat);
+
+// One flat buffer of `parts.size()` blocks of `block` elements, part i at the start of
+// block i (every part at most `block` elements; the rest of each block is zero).
+at::Tensor packed_padded(const std::vector<at::Tensor>& parts, int64_t block);
+// Copies `out.numel()` elements of `flat` from `offset` on into `out`.
+ChorusWork::Finisher copy_block(const at::Tensor& out, at::Tensor flat, int64_t offset);
 
 // Packed displacements of `counts`.
 std::vector<size_t> displacements(const std::vector<size_t>& counts);

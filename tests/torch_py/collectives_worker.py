@@ -17,6 +17,7 @@ CH = dist.new_group(backend="chorus")
 GL = dist.new_group(backend="gloo")
 assert dist.get_backend(CH) == "chorus", dist.get_backend(CH)
 checks = 0
+TORCH_MAJOR = int(torch.__version__.split(".")[0])
 COUNTS = [int(c) for c in os.environ.get("CHORUS_PY_COUNTS", "0,1,7,1000,65537").split(",")]
 
 REDUCED = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
@@ -240,6 +241,48 @@ for dtype in (torch.float32, torch.bfloat16, torch.int32):
             dist.reduce_scatter_tensor(got2, torch.cat(ins), op=op, group=CH)
             same(got, got2, "reduce_scatter_tensor %s %s count %d" % (dtype, op, count))
 
+# --- all_gather and reduce_scatter over lists whose sizes differ from rank to rank -----------
+# (TorchRec's row-wise sharding with unequal batches: rows of [batch of rank r, dim]).
+# Rank r's block has sizes[r] rows; gloo 2.x reduce-scatters such lists but cannot
+# all_gather them, gloo 1.13 does neither: the results are built from the inputs.
+UNEVEN = {"mild": [3 + 2 * r for r in range(n)],           # padded reduce-scatter
+          "one large": [0] * (n - 1) + [40],              # allreduce where n > 2
+          "rank 0's empty": [r + 1 if r else 0 for r in range(n)]}
+for name, sizes in UNEVEN.items():
+    for dtype, op in [(torch.float32, R.SUM), (torch.bfloat16, R.AVG), (torch.int32, R.MAX),
+                      (torch.float64, R.PRODUCT)]:
+        x = values(dtype, 5 * sizes[rank], 16, op).view(sizes[rank], 5)
+        got = [torch.empty(s, 5, dtype=dtype) for s in sizes]
+        dist.all_gather(got, x, group=CH)
+        same([values(dtype, 5 * s, 16, op, of_rank=r).view(s, 5) for r, s in enumerate(sizes)],
+             got, "all_gather uneven %s %s" % (name, dtype))
+        ins = [values(dtype, 5 * s, 17 + i, op).view(s, 5) for i, s in enumerate(sizes)]
+        out = torch.empty(sizes[rank], 5, dtype=dtype)
+        dist.reduce_scatter(out, ins, op=op, group=CH)
+        start = sum(sizes[:rank])
+        everyone = [torch.cat([values(dtype, 5 * s, 17 + i, op, of_rank=r).view(s, 5)
+                               for i, s in enumerate(sizes)]) for r in range(n)]
+        same(local_reduce([e[start:start + sizes[rank]] for e in everyone], op), out,
+             "reduce_scatter uneven %s %s %s" % (name, dtype, op))
+        if name == "mild" and dtype == torch.float32 and TORCH_MAJOR >= 2:
+            ref = torch.empty_like(out)
+            dist.reduce_scatter(ref, ins, op=op, group=GL)
+            same(ref, out, "reduce_scatter uneven %s against gloo" % name)
+sizes = UNEVEN["mild"]
+got = [torch.empty(5, s).t() for s in sizes]  # non-contiguous outputs
+dist.all_gather(got, values(torch.float32, 5 * sizes[rank], 18).view(sizes[rank], 5), group=CH)
+same([values(torch.float32, 5 * s, 18, of_rank=r).view(s, 5) for r, s in enumerate(sizes)],
+     [g.contiguous() for g in got], "all_gather uneven into non-contiguous outputs")
+out = torch.empty(5, sizes[rank]).t()
+ins = [values(torch.float32, 5 * s, 19 + i).view(s, 5) for i, s in enumerate(sizes)]
+w = dist.reduce_scatter(out, ins, group=CH, async_op=True)
+w.wait()
+start = sum(sizes[:rank])
+same(local_reduce([torch.cat([values(torch.float32, 5 * s, 19 + i, of_rank=r).view(s, 5)
+                              for i, s in enumerate(sizes)])[start:start + sizes[rank]]
+                   for r in range(n)], R.SUM),
+     out.contiguous(), "reduce_scatter uneven async into a non-contiguous output")
+
 # --- all_to_all_single (equal and uneven splits), all_to_all (lists) ------------------------
 for count in (0, 1, 300):
     x = values(torch.float32, n * count, 15)
@@ -412,7 +455,7 @@ if n > 1:
     checks += 1
 
 # --- torch 2.x: PREMUL_SUM, the coalesced tensor collectives, coalescing, setTimeout ---------
-if int(torch.__version__.split(".")[0]) >= 2:
+if TORCH_MAJOR >= 2:
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         for factor in (0.5, torch.tensor([0.25], dtype=dtype)):
             x = values(dtype, 1001, 7)
