@@ -395,6 +395,16 @@ refused(lambda: dist.all_gather_into_tensor(torch.empty(n * 2 + 1), torch.ones(2
         "allgather_into_tensor")
 refused(lambda: dist.all_to_all_single(torch.empty(n), torch.ones(n), [1] * n, [2] * n, group=CH),
         "split sizes")
+if n >= 2:
+    # Splits that fit each rank's tensors but disagree between ranks: rank 1 expects two
+    # elements from rank 0, which sends it one. Every rank raises naming both sides (the
+    # others also the rank that found it), before anything moves.
+    expect_rows = [1] * n
+    if rank == 1:
+        expect_rows[0] = 2
+    refused(lambda: dist.all_to_all_single(torch.empty(sum(expect_rows)), torch.ones(n), expect_rows,
+                                           [1] * n, group=CH),
+            "alltoallv", "rank 0 sends 1 elements to rank 1, which expects 2", "no data was sent")
 x = torch.ones(3)
 dist.all_reduce(x, group=CH)
 same(torch.full((3,), float(n)), x, "all_reduce after refused calls")

@@ -48,27 +48,43 @@ size_t extent(const std::vector<size_t>& counts, const std::vector<size_t>& disp
   return end;
 }
 
+// What the rank that found a disagreement saw, sent to every rank once all agree that
+// one did (only on that path: a call whose counts agree pays nothing for it), so that
+// each names both sides.
+struct Disagreement {
+  uint64_t sender = 0, receiver = 0, announced = 0, expected = 0;
+};
+
+std::string describe(const Disagreement& d) {
+  return "rank " + std::to_string(d.sender) + " sends " + std::to_string(d.announced) +
+         " elements to rank " + std::to_string(d.receiver) + ", which expects " +
+         std::to_string(d.expected);
+}
+
 }  // namespace
 
 void alltoallv_agreed(const Context& ctx, transport::shm::NodeGroup* g, const void* in,
                       const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
                       void* out, const std::vector<size_t>& recv_counts,
                       const std::vector<size_t>& recv_displs) {
-  std::string local;
+  Disagreement found;
   auto verdict = [&](const std::vector<uint64_t>& announced) -> int32_t {
     for (int p = 0; p < ctx.size; ++p) {
       if (announced[p] == recv_counts[p]) continue;
-      local = "rank " + std::to_string(p) + " sends " + std::to_string(announced[p]) +
-              " elements to rank " + std::to_string(ctx.rank) + ", which expects " +
-              std::to_string(recv_counts[p]);
+      found = {static_cast<uint64_t>(p), static_cast<uint64_t>(ctx.rank), announced[p], recv_counts[p]};
       return ctx.rank;
     }
     return INT32_MAX;
   };
   auto fail = [&](int32_t first_bad) {
-    throw InvalidArgumentError(
-        "alltoallv on rank " + std::to_string(ctx.rank) + ": counts disagree between ranks (" +
-        (local.empty() ? "found by rank " + std::to_string(first_bad) : local) + "); no data was sent");
+    Context detail = ctx;
+    detail.dtype = DataType::kInt64;
+    detail.elem = sizeof(uint64_t);
+    broadcast_binomial(detail, &found, sizeof(Disagreement) / sizeof(uint64_t), first_bad);
+    throw InvalidArgumentError("alltoallv on rank " + std::to_string(ctx.rank) +
+                               ": counts disagree between ranks (" + describe(found) +
+                               (first_bad == ctx.rank ? "" : ", found by rank " + std::to_string(first_bad)) +
+                               "); no data was sent");
   };
   if (g != nullptr) {
     const int32_t first_bad =
