@@ -111,6 +111,40 @@ class SparseAgainstGloo(unittest.TestCase):
                 ok(self, ranks.run("sparse_worker.py", n, ["ddp"], env=ENV), "checks ")
 
 
+
+class DLRMShardedAgainstGloo(unittest.TestCase):
+    """examples/recsys/dlrm_sharded.py (table-wise embeddings, the butterfly
+    all_to_all_single with split sizes and its reverse in backward, DDP MLPs) trains on
+    chorus as on gloo: the same loss lines bit for bit at two ranks, within rounding at
+    three (tables and batch that do not divide evenly)."""
+
+    SCRIPT = os.path.join(ranks.HERE, "..", "..", "examples", "recsys", "dlrm_sharded.py")
+    SMALL = ["--steps", "4", "--tables", "4", "--rows", "1000", "--dim", "16",
+             "--bot-mlp", "32", "--top-mlp", "32"]
+
+    def losses(self, n, backend, args):
+        rs = ranks.run(self.SCRIPT, n, ["--backend", backend, *self.SMALL, *args], env=ENV)
+        ok(self, rs, "")
+        lines = [l for l in rs[0].out.splitlines() if l.startswith("loss step=")]
+        self.assertEqual(len(lines), 4, ranks.report(rs))
+        self.assertIn("checksum value=", rs[0].out, ranks.report(rs))
+        return lines
+
+    def test_two_ranks_bit_for_bit(self):
+        for args in (["--batch-size", "256"], ["--batch-size", "255", "--sparse"],
+                     ["--batch-size", "255", "--tables", "5"]):
+            with self.subTest(args=" ".join(args)):
+                self.assertEqual(self.losses(2, "chorus", args), self.losses(2, "gloo", args))
+
+    def test_three_ranks_uneven_tables_and_batch(self):
+        args = ["--batch-size", "100"]  # 4 tables on 3 ranks, slices of 34, 33, 33
+        chorus, gloo = self.losses(3, "chorus", args), self.losses(3, "gloo", args)
+        for a, b in zip(chorus, gloo):
+            fa = [float(w.split("=")[1]) for w in a.split()[2:]]
+            fb = [float(w.split("=")[1]) for w in b.split()[2:]]
+            for x, y in zip(fa, fb):
+                self.assertAlmostEqual(x, y, delta=1e-5 * abs(y), msg="%s\n%s" % (a, b))
+
 class SharedBuckets(unittest.TestCase):
     """torch_chorus.DistributedDataParallel keeps its buckets in node-shared memory
     where the direct path is possible, and trains bit for bit like torch's DDP with
