@@ -17,9 +17,8 @@ constexpr uint32_t kHelpedStreak = 16;
 
 }  // namespace
 
-void ProgressEngineBase::name_progress_thread() {
-  // Named for top -H, gdb and /proc/<pid>/task/*/comm (15 characters at most).
-  pthread_setname_np(pthread_self(), "chorus-progress");
+void ProgressEngineBase::name_progress_thread(std::thread& t) {
+  pthread_setname_np(t.native_handle(), "chorus-progress");  // 15 characters at most
 }
 
 void ProgressEngineBase::rest(uint32_t seen, Clock::time_point& last_active) {

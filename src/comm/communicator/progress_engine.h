@@ -88,8 +88,10 @@ class ProgressEngineBase {
   // The progress thread found nothing to run (the signal read `seen` before it looked):
   // naps or sleeps until woken; `last_active` is when it last saw work.
   void rest(uint32_t seen, Clock::time_point& last_active);
-  // Names the calling thread, the progress thread, for top -H and gdb.
-  static void name_progress_thread();
+  // Names the progress thread `t` for top -H, gdb and /proc/<pid>/task/*/comm: from
+  // start(), so that the name is there as soon as the thread is, not once the thread
+  // has first been scheduled (which on a loaded machine can come much later).
+  static void name_progress_thread(std::thread& t);
 
   std::atomic<uint32_t> queue_signal_{0};
   std::atomic<bool> progress_sleeping_{false};
@@ -143,6 +145,7 @@ class ProgressEngine : public ProgressEngineBase {
   // Starts the progress thread.
   void start() {
     thread_ = std::thread([this] { loop(); });
+    name_progress_thread(thread_);
   }
 
   // Queues the operation `make(seq, queued_at)` returns, seq being the next number of
@@ -290,7 +293,6 @@ bool ProgressEngine<Op>::run_queued(const WorkState* until) {
 
 template <class Op>
 void ProgressEngine<Op>::loop() {
-  name_progress_thread();
   Clock::time_point last_active = Clock::now();
   while (true) {
     uint32_t seen = queue_signal_.load(std::memory_order_acquire);
