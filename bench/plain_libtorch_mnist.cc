@@ -173,9 +173,9 @@ int train(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  chorus::mnist::prefer_native_blas_kernels(argc, argv);
   Args a;
   if (int rc = parse(argc, argv, a)) return rc < 0 ? 0 : rc;
-  chorus::mnist::prefer_native_blas_kernels(argv);  // after the arguments, as chorus-mnist
   a.malloc_thresholds = chorus::mnist::keep_freed_memory();  // as chorus-mnist does
   try {
     chorus::mnist::set_compute_threads(a.threads);

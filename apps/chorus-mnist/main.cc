@@ -105,11 +105,9 @@ int train(const Args& a, Model model, std::shared_ptr<ProcessGroup> group, Metri
 }  // namespace chorus::mnist
 
 int main(int argc, char** argv) {
+  chorus::mnist::prefer_native_blas_kernels(argc, argv);
   chorus::mnist::Args a;
   if (int rc = chorus::mnist::parse(argc, argv, a)) return rc < 0 ? 0 : rc;
-  // After the arguments: --help, --version and a bad command line print only what they
-  // are asked for, not the run again with other kernels.
-  chorus::mnist::prefer_native_blas_kernels(argv);
   a.malloc_thresholds = chorus::mnist::keep_freed_memory();
   // Rank 0 (RANK, as chorusrun sets it; 0 when alone) opens the metrics file before
   // anything else, so that a bad path fails at once.

@@ -13,9 +13,12 @@ namespace chorus::mnist {
 // (or AVX2 and FMA), runs this program again (same pid, arguments and environment)
 // with OPENBLAS_CORETYPE naming the kernels the CPU has, and says so on stderr (on
 // LOCAL_RANK 0, or when alone). Returns where it did not: no need, OPENBLAS_CORETYPE
-// already set (the user's choice), or the run again failed (said on stderr; the
-// program goes on with the generic kernels). Call it first in main(), with main's argv.
-void prefer_native_blas_kernels(char** argv);
+// already set (the user's choice), the run again failed (said on stderr; the program
+// goes on with the generic kernels), or the arguments ask for --version, which prints
+// the version and nothing else (--help runs again like any other run:
+// bench/compare_mnist.sh reads a --help run's kernels). Call it first in main(), with
+// main's argc and argv.
+void prefer_native_blas_kernels(int argc, char** argv);
 
 // The kernels OpenBLAS chose when it loaded ("SkylakeX", "Haswell", ...), or "" when
 // libtorch does not compute on OpenBLAS.
