@@ -5,8 +5,7 @@ namespace chorus::c10d_backend {
 void Stages::issue_pending() {
   if (!pending_) return;
   // Taken out first: issue_second never throws, and the slot is free either way.
-  std::shared_ptr<TwoStageOperation> op = std::move(pending_);
-  pending_.reset();
+  std::shared_ptr<TwoStageOperation> op = std::move(pending_);  // leaves pending_ empty
   op->issue_second(*comm_);
 }
 

@@ -27,12 +27,20 @@ std::string describe(const at::Tensor& t) {
   return std::string(c10::toString(t.scalar_type())) + shape_of(t);
 }
 
-void check_tensor(const at::Tensor& t, const std::string& op, const std::string& what) {
-  if (!t.defined()) refuse(op, what + " is undefined");
+namespace {
+
+void check_cpu(const at::Tensor& t, const std::string& op, const std::string& what) {
   if (!t.device().is_cpu()) {
     refuse(op, what + " is on " + t.device().str() +
                    "; the chorus backend takes CPU tensors (move it with .cpu())");
   }
+}
+
+}  // namespace
+
+void check_tensor(const at::Tensor& t, const std::string& op, const std::string& what) {
+  if (!t.defined()) refuse(op, what + " is undefined");
+  check_cpu(t, op, what);
   if (t.layout() != at::kStrided) {
     refuse(op, what + " has layout " + c10::str(t.layout()) + "; chorus " + op +
                    " takes dense tensors (of sparse ones, chorus only sums sparse COO tensors, "
@@ -41,10 +49,7 @@ void check_tensor(const at::Tensor& t, const std::string& op, const std::string&
 }
 
 void check_sparse(const at::Tensor& t, const ::c10d::ReduceOp& torch_op, const std::string& op) {
-  if (!t.device().is_cpu()) {
-    refuse(op, "tensor is on " + t.device().str() +
-                   "; the chorus backend takes CPU tensors (move it with .cpu())");
-  }
+  check_cpu(t, op, "tensor");
   const auto type = static_cast<::c10d::ReduceOp::RedOpType>(torch_op);
   if (type != ::c10d::ReduceOp::SUM) {
     refuse(op, std::string("ReduceOp.") + torch_op_name(type) +
