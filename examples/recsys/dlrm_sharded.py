@@ -14,7 +14,8 @@ Launch: env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) per rank, e.g. throu
 run_dlrm_sharded.sh. Rank 0 prints "loss step=S value=V global=G" per step (V: rank 0's
 mean loss over its local slice; G: the mean over the global batch), then samples/s and
 "checksum value=C" (all parameters summed in float64 over the ranks; the replicated MLP
-counted once).
+counted once). With --profile DIR each rank writes DIR/rank<R>.json: every step cut into
+phases (step_profile.py), read by bench/recsys_report.py.
 """
 import argparse
 import os
@@ -25,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+import step_profile
 
 DENSE_FEATURES = 13
 
@@ -47,6 +50,11 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--sparse", action="store_true",
                    help="sparse=True embeddings: sparse gradients, SGD on the owner")
+    p.add_argument("--profile", metavar="DIR",
+                   help="write DIR/rank<R>.json: each step's phases (input, lookup_fwd, "
+                        "a2a_fwd, mlp_fwd, mlp_bwd, a2a_bwd, lookup_bwd, ddp_wait, "
+                        "optimizer, loss_allreduce, other) and its collectives' arrival "
+                        "and end times")
     return p.parse_args(argv)
 
 
@@ -115,24 +123,31 @@ class DenseArch(nn.Module):
 
 class ButterflyAllToAll(torch.autograd.Function):
     """all_to_all_single of a flat tensor with split sizes; backward sends the gradient
-    back with the splits swapped, scaled by grad_scale."""
+    back with the splits swapped, scaled by grad_scale. `prof` times both exchanges
+    (a2a_fwd, a2a_bwd); after the backward one the phase is `then` (the lookups'
+    backward, or DDP's wait on a rank without tables)."""
 
     @staticmethod
-    def forward(ctx, flat, in_splits, out_splits, group, grad_scale):
+    def forward(ctx, flat, in_splits, out_splits, group, grad_scale, prof, then):
         ctx.in_splits, ctx.out_splits = in_splits, out_splits
         ctx.group, ctx.grad_scale = group, grad_scale
+        ctx.prof, ctx.then = prof, then
         out = flat.new_empty(sum(out_splits))
-        dist.all_to_all_single(out, flat.contiguous(), out_splits, in_splits, group=group)
+        flat = flat.contiguous()
+        with prof.collective("a2a_fwd", then="mlp_fwd"):
+            dist.all_to_all_single(out, flat, out_splits, in_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         back = grad.new_empty(sum(ctx.in_splits))
-        dist.all_to_all_single(back, grad.contiguous(), ctx.in_splits, ctx.out_splits,
-                               group=ctx.group)
+        grad = grad.contiguous()
+        with ctx.prof.collective("a2a_bwd", then=ctx.then):
+            dist.all_to_all_single(back, grad, ctx.in_splits, ctx.out_splits,
+                                   group=ctx.group)
         if ctx.grad_scale != 1.0:
             back.mul_(ctx.grad_scale)
-        return back, None, None, None, None
+        return back, None, None, None, None, None, None
 
 
 class Layout:
@@ -155,15 +170,16 @@ class Layout:
         self.to_table_order = torch.tensor(sorted(range(len(order)), key=order.__getitem__))
 
 
-def exchange(pooled, layout, args, group):
+def exchange(pooled, layout, args, group, prof):
     """pooled: my tables' [B, dim] bags for the global batch. Returns [b, K, dim]: every
     table's bags for my slice of the batch, in table order."""
     if pooled:
         flat = torch.stack(pooled, dim=1).reshape(-1)      # [B, mine, dim], batch-major
     else:  # no table here: still take part (and be part of the backward)
         flat = torch.zeros(0, requires_grad=True)
+    then = "lookup_bwd" if pooled else "ddp_wait"
     out = ButterflyAllToAll.apply(flat, layout.in_splits, layout.out_splits, group,
-                                  1.0 / layout.world)
+                                  1.0 / layout.world, prof, then)
     b = layout.local[layout.rank]
     blocks = torch.split(out, layout.out_splits)
     ly = torch.cat([blk.view(b, len(layout.owned[j]), args.dim)
@@ -215,33 +231,61 @@ def main(argv):
           f"all_to_all send {layout.in_splits} recv {layout.out_splits} floats",
           file=sys.stderr, flush=True)
 
+    prof = step_profile.StepProfile(rank, world, args.backend) if args.profile \
+        else step_profile.Off()
+    tables_left = [0]  # of this step's backward: tables whose gradient is still to come
+
+    def table_grad_done(grad):
+        # The lookups' backward runs last (autograd takes the latest nodes first): once
+        # every table has its gradient, what is left of backward is DDP's wait.
+        tables_left[0] -= 1
+        if tables_left[0] == 0:
+            prof.phase("ddp_wait")
+        return grad
+
+    if args.profile:
+        for emb in tables.values():
+            emb.weight.register_hook(table_grad_done)
+
     lo, b = layout.start[rank], layout.local[rank]
     scale = world / args.batch_size  # DDP averages: the global mean's gradient
     began = None
     for step in range(args.steps):
         if step == 1:
             began = time.perf_counter()
+        prof.begin_step(step)
+        tables_left[0] = len(tables)
+        prof.phase("input")
         dense, labels = dense_batch(args, step)
         pooled = []
         for t in layout.owned[rank]:
+            prof.phase("input")
             indices, offsets = sparse_batch(args, step, t)
+            prof.phase("lookup_fwd")
             pooled.append(tables[str(t)](indices, offsets))
-        ly = exchange(pooled, layout, args, group)
+        ly = exchange(pooled, layout, args, group, prof)
         logits = ddp(dense[lo:lo + b], ly)
         loss_sum = F.binary_cross_entropy_with_logits(logits, labels[lo:lo + b],
                                                       reduction="sum")
+        prof.phase("mlp_bwd")
         (loss_sum * scale).backward()
+        prof.phase("optimizer")
         opt_dense.step()
         opt_dense.zero_grad(set_to_none=True)
         if opt_emb is not None:
             opt_emb.step()
             opt_emb.zero_grad(set_to_none=True)
         total = torch.tensor([loss_sum.item()], dtype=torch.float64)
-        dist.all_reduce(total)
+        with prof.collective("loss_allreduce", then="other"):
+            dist.all_reduce(total)
         if rank == 0:
             print(f"loss step={step} value={loss_sum.item() / b!r} "
                   f"global={total.item() / args.batch_size!r}", flush=True)
+        prof.end_step()
     elapsed = time.perf_counter() - began if began is not None else None
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        prof.dump(os.path.join(args.profile, f"rank{rank}.json"))
     ck = checksum(tables, dense_arch, rank)
     if rank == 0:
         if elapsed:

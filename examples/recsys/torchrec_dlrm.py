@@ -19,6 +19,11 @@ squares of its parameters (the dense ones and its own shards of the tables):
 
     params rank=R sum=S sumsq=Q
 
+and before them `samples/s X (steps 1..N-1, W ranks, BACKEND)`: every rank's samples of
+steps 1 on over rank 0's time for them. --profile DIR writes each rank's steps cut into
+phases (input, forward, backward, optimizer, loss_allreduce, and the wait of each
+collective TorchRec calls, step_profile.py) into DIR/rank<R>.json.
+
 Needs TorchRec and fbgemm-gpu-cpu on PYTHONPATH (and torch_chorus for --backend chorus);
 see README.md beside this file.
 
@@ -28,6 +33,7 @@ through python -m torch.distributed.run --nproc-per-node 2 torchrec_dlrm.py.
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -71,6 +77,8 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--trace", action="store_true",
                    help="log every torch.distributed call on rank 0's stderr (trace_dist.py)")
+    p.add_argument("--profile", metavar="DIR",
+                   help="write DIR/rank<R>.json: each step's phases (step_profile.py)")
     return p.parse_args(argv)
 
 
@@ -174,6 +182,9 @@ def main(argv):
         trace_dist.install(rank)
     dist.init_process_group(args.backend)
     pg = dist.GroupMember.WORLD
+    import step_profile
+    prof = step_profile.StepProfile(rank, dist.get_world_size(), args.backend) \
+        if args.profile else step_profile.Off()
     world = dist.get_world_size()
 
     model = build_model(args)
@@ -189,23 +200,45 @@ def main(argv):
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
                                   lambda params: torch.optim.SGD(params, lr=args.lr))
 
+    if args.profile:
+        step_profile.instrument(prof)
     model.train()
-    for step, batch in enumerate(dataset(args, rank)):
+    batches = iter(dataset(args, rank))
+    began = None
+    for step in range(args.steps):
+        if step == 1:
+            began = time.perf_counter()
+        prof.begin_step(step)
+        prof.phase("input")
+        batch = next(batches)
         if args.trace:
             trace_dist.mark(f"step {step} forward")
+        prof.phase("forward")
         loss, _ = model(batch)
         if args.trace:
             trace_dist.mark(f"step {step} backward")
+        prof.phase("backward")
         loss.backward()
+        prof.phase("optimizer")
         dense.step()
         dense.zero_grad()
         if args.trace:
             trace_dist.mark(f"step {step} loss all_reduce (the script's, not TorchRec's)")
+        prof.phase("loss_allreduce")
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         mean /= world
+        prof.phase("other")
         if rank == 0:
             print(f"loss step={step} value={loss.item()!r} global={mean.item()!r}", flush=True)
+        prof.end_step()
+    if began is not None and rank == 0:
+        samples = sum(args.batch_size + r * args.batch_skew for r in range(world))
+        print(f"samples/s {samples * (args.steps - 1) / (time.perf_counter() - began):.1f} "
+              f"(steps 1..{args.steps - 1}, {world} ranks, {args.backend})", flush=True)
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        prof.dump(os.path.join(args.profile, f"rank{rank}.json"))
     if args.trace:
         trace_dist.finish()
         trace_dist.ddp_buckets(model)

@@ -145,6 +145,42 @@ class DLRMShardedAgainstGloo(unittest.TestCase):
             for x, y in zip(fa, fb):
                 self.assertAlmostEqual(x, y, delta=1e-5 * abs(y), msg="%s\n%s" % (a, b))
 
+    def test_profile_changes_nothing_and_its_phases_add_up(self):
+        # --profile (step_profile.py): the same losses, and per rank and step the
+        # phases sum to the step, with both all_to_alls, DDP's wait and the loss
+        # all_reduce among them, on one node and on two simulated nodes.
+        import json
+        for backend, nodes in (("chorus", 1), ("chorus", 2), ("gloo", 1)):
+            with self.subTest(backend=backend, nodes=nodes):
+                d = tempfile.mkdtemp()
+                args = ["--backend", backend, *self.SMALL, "--batch-size", "64"]
+                rs = ranks.run(self.SCRIPT, 2, [*args, "--profile", d], env=ENV, nodes=nodes)
+                ok(self, rs, "")
+                plain = ranks.run(self.SCRIPT, 2, args, env=ENV, nodes=nodes)
+                ok(self, plain, "")
+                losses = [[l for l in r.out.splitlines() if l.startswith("loss ")]
+                          for r in (rs[0], plain[0])]
+                self.assertEqual(losses[0], losses[1])
+                for rank in (0, 1):
+                    with open(os.path.join(d, "rank%d.json" % rank)) as f:
+                        prof = json.load(f)
+                    self.assertEqual((prof["rank"], prof["world"]), (rank, 2))
+                    self.assertEqual([s["step"] for s in prof["steps"]], [0, 1, 2, 3])
+                    for step in prof["steps"]:
+                        ph = step["phases"]
+                        for name in ("input", "lookup_fwd", "a2a_fwd", "mlp_fwd", "mlp_bwd",
+                                     "a2a_bwd", "lookup_bwd", "ddp_wait", "optimizer",
+                                     "loss_allreduce"):
+                            self.assertIn(name, ph)
+                            self.assertGreaterEqual(ph[name], 0.0)
+                        self.assertAlmostEqual(sum(ph.values()), step["end"] - step["start"],
+                                               delta=1e-6)
+                        self.assertEqual([c["name"] for c in step["collectives"]],
+                                         ["a2a_fwd", "a2a_bwd", "loss_allreduce"])
+                        for c in step["collectives"]:
+                            self.assertLessEqual(c["issue"], c["wait"])
+                            self.assertLessEqual(c["wait"], c["leave"])
+
 class SharedBuckets(unittest.TestCase):
     """torch_chorus.DistributedDataParallel keeps its buckets in node-shared memory
     where the direct path is possible, and trains bit for bit like torch's DDP with
