@@ -80,7 +80,7 @@ def read_results(work, found):
                 key, value, better = (f["job"],) + base, float(w[1]), max
             elif f["job"] == "coll" and w[:1] == ["coll"]:
                 key, value, better = ("coll/" + w[3],) + base, float(w[5]), min
-                notes[w[3]] = (int(w[4]), " ".join(w[6:]))
+                notes[(w[3], f["world"])] = (int(w[4]), " ".join(w[6:]))
             elif f["job"] == "coll" and w[:1] == ["floor"]:
                 key, value, better = ("floor/" + w[3], f["world"]), float(w[5]), min
             elif f["job"] == "coll" and w[:1] == ["error"]:
@@ -126,7 +126,8 @@ def table(args, best, failures, notes):
                 c = best.get((job, "chorus", world, nodes))
                 if job.startswith("coll/"):
                     label = COLL[job[5:]][0]
-                    size = fmt_bytes(notes[job[5:]][0]) if job[5:] in notes else "-"
+                    note = notes.get((job[5:], world))
+                    size = fmt_bytes(note[0]) if note else "-"
                     unit = "us"
                 else:
                     label, size, unit = JOBS[job], "samples/s", ""
