@@ -304,7 +304,7 @@ def plot(work, dat):
     png = os.path.join(work, "recsys_profile.png")
     ncols = {job: len(labels) for job, _, labels, _ in dat}
     script = [f'set terminal pngcairo size 1400,{420 * len(jobs)} font ",10"',
-              f'set output "{png}"', "set style data histograms",
+              f'set output "{png}"', "set termoption noenhanced", "set style data histograms",
               "set style histogram rowstacked", "set style fill solid 0.9 border -1",
               "set boxwidth 0.7", "set key outside right top vertical",
               "set ylabel 'ms per step (mean over ranks)'", "set grid ytics",
