@@ -14,10 +14,11 @@ Launch: env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) per rank, e.g. throu
 run_dlrm_sharded.sh. Rank 0 prints "loss step=S value=V global=G" per step (V: rank 0's
 mean loss over its local slice; G: the mean over the global batch), then samples/s and
 "checksum value=C" (all parameters summed in float64 over the ranks; the replicated MLP
-counted once).
+counted once). --fail makes one rank die or stop on purpose; a rank whose step raises
+prints "rank R failed at step S: MESSAGE" and exits 1 (faults.py).
 """
 import argparse
-import os
+import datetime
 import sys
 import time
 
@@ -25,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+import faults
 
 DENSE_FEATURES = 13
 
@@ -47,6 +50,9 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--sparse", action="store_true",
                    help="sparse=True embeddings: sparse gradients, SGD on the owner")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds: the process group's timeout (default torch's)")
+    faults.add_argument(p)
     return p.parse_args(argv)
 
 
@@ -193,12 +199,32 @@ def checksum(tables, dense, rank):
     return total.item()
 
 
+def train_step(args, step, layout, tables, ddp, group, scale):
+    """Forward and backward of one step (the optimizers' steps are the caller's); returns
+    this rank's loss sum and the global one (an all_reduce of the ranks' sums)."""
+    rank = layout.rank
+    lo, b = layout.start[rank], layout.local[rank]
+    dense, labels = dense_batch(args, step)
+    pooled = []
+    for t in layout.owned[rank]:
+        indices, offsets = sparse_batch(args, step, t)
+        pooled.append(tables[str(t)](indices, offsets))
+    ly = exchange(pooled, layout, args, group)
+    logits = ddp(dense[lo:lo + b], ly)
+    loss_sum = F.binary_cross_entropy_with_logits(logits, labels[lo:lo + b], reduction="sum")
+    (loss_sum * scale).backward()
+    total = torch.tensor([loss_sum.item()], dtype=torch.float64)
+    dist.all_reduce(total)
+    return loss_sum, total
+
+
 def main(argv):
     args = parse_args(argv)
     torch.set_num_threads(1)
     if args.backend == "chorus":
         import torch_chorus  # noqa: F401  registers the backend
-    dist.init_process_group(args.backend)
+    timeout = {} if args.timeout is None else {"timeout": datetime.timedelta(seconds=args.timeout)}
+    dist.init_process_group(args.backend, **timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD
     if args.batch_size < world:
@@ -215,29 +241,24 @@ def main(argv):
           f"all_to_all send {layout.in_splits} recv {layout.out_splits} floats",
           file=sys.stderr, flush=True)
 
+    fail = faults.FailPoint(args.fail, rank)
+    fail.install([ddp])
     lo, b = layout.start[rank], layout.local[rank]
     scale = world / args.batch_size  # DDP averages: the global mean's gradient
     began = None
     for step in range(args.steps):
         if step == 1:
             began = time.perf_counter()
-        dense, labels = dense_batch(args, step)
-        pooled = []
-        for t in layout.owned[rank]:
-            indices, offsets = sparse_batch(args, step, t)
-            pooled.append(tables[str(t)](indices, offsets))
-        ly = exchange(pooled, layout, args, group)
-        logits = ddp(dense[lo:lo + b], ly)
-        loss_sum = F.binary_cross_entropy_with_logits(logits, labels[lo:lo + b],
-                                                      reduction="sum")
-        (loss_sum * scale).backward()
+        fail.step = step
+        try:
+            loss_sum, total = train_step(args, step, layout, tables, ddp, group, scale)
+        except RuntimeError as e:
+            faults.report_failure(rank, step, e)
         opt_dense.step()
         opt_dense.zero_grad(set_to_none=True)
         if opt_emb is not None:
             opt_emb.step()
             opt_emb.zero_grad(set_to_none=True)
-        total = torch.tensor([loss_sum.item()], dtype=torch.float64)
-        dist.all_reduce(total)
         if rank == 0:
             print(f"loss step={step} value={loss_sum.item() / b!r} "
                   f"global={total.item() / args.batch_size!r}", flush=True)

@@ -19,6 +19,9 @@ squares of its parameters (the dense ones and its own shards of the tables):
 
     params rank=R sum=S sumsq=Q
 
+--fail makes one rank die or stop on purpose; a rank whose step raises prints "rank R
+failed at step S: MESSAGE" and exits 1 (faults.py).
+
 Needs TorchRec and fbgemm-gpu-cpu on PYTHONPATH (and torch_chorus for --backend chorus);
 see README.md beside this file.
 
@@ -26,11 +29,13 @@ Run each rank with env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), for exam
 through python -m torch.distributed.run --nproc-per-node 2 torchrec_dlrm.py.
 """
 import argparse
+import datetime
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from torchrec.datasets.random import RandomRecDataset
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -47,6 +52,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+import faults
 
 SHARDINGS = {"table_wise": ShardingType.TABLE_WISE, "row_wise": ShardingType.ROW_WISE}
 
@@ -71,6 +78,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--trace", action="store_true",
                    help="log every torch.distributed call on rank 0's stderr (trace_dist.py)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds: the process group's timeout (default torch's)")
+    faults.add_argument(p)
     return p.parse_args(argv)
 
 
@@ -164,6 +174,20 @@ def checksum(model):
     return total, squares
 
 
+def train_step(args, step, model, batch):
+    """Forward and backward of one step (the tables' optimizer runs in the backward, the
+    dense one is the caller's); returns rank's loss and the ranks' sum of it."""
+    mark = sys.modules["trace_dist"].mark if args.trace else (lambda what: None)
+    mark(f"step {step} forward")
+    loss, _ = model(batch)
+    mark(f"step {step} backward")
+    loss.backward()
+    mark(f"step {step} loss all_reduce (the script's, not TorchRec's)")
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return loss, total
+
+
 def main(argv):
     args = parse_args(argv)
     if args.backend == "chorus":
@@ -172,7 +196,8 @@ def main(argv):
     if args.trace:
         import trace_dist
         trace_dist.install(rank)
-    dist.init_process_group(args.backend)
+    timeout = {} if args.timeout is None else {"timeout": datetime.timedelta(seconds=args.timeout)}
+    dist.init_process_group(args.backend, **timeout)
     pg = dist.GroupMember.WORLD
     world = dist.get_world_size()
 
@@ -189,20 +214,17 @@ def main(argv):
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
                                   lambda params: torch.optim.SGD(params, lr=args.lr))
 
+    fail = faults.FailPoint(args.fail, rank)
+    fail.install([m for m in model.modules() if isinstance(m, DistributedDataParallel)])
     model.train()
     for step, batch in enumerate(dataset(args, rank)):
-        if args.trace:
-            trace_dist.mark(f"step {step} forward")
-        loss, _ = model(batch)
-        if args.trace:
-            trace_dist.mark(f"step {step} backward")
-        loss.backward()
+        fail.step = step
+        try:
+            loss, mean = train_step(args, step, model, batch)
+        except RuntimeError as e:
+            faults.report_failure(rank, step, e)
         dense.step()
         dense.zero_grad()
-        if args.trace:
-            trace_dist.mark(f"step {step} loss all_reduce (the script's, not TorchRec's)")
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
         mean /= world
         if rank == 0:
             print(f"loss step={step} value={loss.item()!r} global={mean.item()!r}", flush=True)
