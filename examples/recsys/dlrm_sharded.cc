@@ -94,19 +94,17 @@ CLI::Validator bounded(double min, bool strict) {
 
 // 0: go on; -1: done (--help, --version); otherwise the exit status (usage on stderr).
 int parse(int argc, char** argv, Args& a) {
-  CLI::App app{"dlrm_sharded: a DLRM with table-wise sharded embeddings (all-to-all) and "
-               "data-parallel MLPs on chorus"};
+  CLI::App app{
+      "dlrm_sharded: a DLRM with table-wise sharded embeddings (all-to-all) and "
+      "data-parallel MLPs on chorus"};
   const CLI::Validator positive = bounded(1, false);
   auto sizes = [](const std::string& s) {
     return layer_sizes(s).empty() ? "expected positive layer sizes joined by '-', e.g. 512-256" : "";
   };
-  app.add_option("--tables", a.tables, "embedding tables (table t lives on rank t % W)")
-      ->check(positive);
+  app.add_option("--tables", a.tables, "embedding tables (table t lives on rank t % W)")->check(positive);
   app.add_option("--rows", a.rows, "rows of every table")->check(positive);
-  app.add_option("--dim", a.dim, "embedding dimension (the bottom MLP's output too)")
-      ->check(positive);
-  app.add_option("--batch-size", a.batch_size, "global batch size, split across ranks")
-      ->check(positive);
+  app.add_option("--dim", a.dim, "embedding dimension (the bottom MLP's output too)")->check(positive);
+  app.add_option("--batch-size", a.batch_size, "global batch size, split across ranks")->check(positive);
   app.add_option("--steps", a.steps, "training steps")->check(bounded(0, false));
   app.add_option("--pooling", a.pooling, "each bag holds 1..POOLING indices (uniformly drawn)")
       ->check(positive);
@@ -157,7 +155,8 @@ struct Bags {
 Bags sparse_batch(const Args& a, int64_t step, int64_t table) {
   at::Generator g = generator({a.seed, step, 2, table});
   at::Tensor lengths = torch::randint(1, a.pooling + 1, {a.batch_size}, g, torch::kLong);
-  at::Tensor offsets = torch::cat({torch::zeros({1}, torch::kLong), lengths.cumsum(0).narrow(0, 0, a.batch_size - 1)});
+  at::Tensor offsets =
+      torch::cat({torch::zeros({1}, torch::kLong), lengths.cumsum(0).narrow(0, 0, a.batch_size - 1)});
   at::Tensor indices = torch::randint(0, a.rows, {lengths.sum().item<int64_t>()}, g, torch::kLong);
   return {indices, offsets};
 }
@@ -193,10 +192,10 @@ struct DenseArchImpl : torch::nn::Module {
 
   // dense [b, 13], bags [b, K, dim] -> logits [b].
   at::Tensor forward(const at::Tensor& dense, const at::Tensor& bags) {
-    at::Tensor x = bot->forward(dense);                                        // [b, dim]
-    at::Tensor vectors = torch::cat({x.unsqueeze(1), bags}, 1);                // [b, K+1, dim]
-    at::Tensor dots = torch::bmm(vectors, vectors.transpose(1, 2));            // [b, K+1, K+1]
-    at::Tensor pairs = dots.index({torch::indexing::Slice(), li, lj});         // [b, K(K+1)/2]
+    at::Tensor x = bot->forward(dense);                                 // [b, dim]
+    at::Tensor vectors = torch::cat({x.unsqueeze(1), bags}, 1);         // [b, K+1, dim]
+    at::Tensor dots = torch::bmm(vectors, vectors.transpose(1, 2));     // [b, K+1, K+1]
+    at::Tensor pairs = dots.index({torch::indexing::Slice(), li, lj});  // [b, K(K+1)/2]
     return top->forward(torch::cat({x, pairs}, 1)).squeeze(1);
   }
 
@@ -235,7 +234,8 @@ struct Layout {
     std::vector<at::Tensor> blocks;
     int64_t at = 0;
     for (size_t j = 0; j < owned.size(); ++j) {
-      blocks.push_back(received.narrow(0, at, recv_rows[j]).view({batch, static_cast<int64_t>(owned[j].size()), dim}));
+      blocks.push_back(
+          received.narrow(0, at, recv_rows[j]).view({batch, static_cast<int64_t>(owned[j].size()), dim}));
       at += recv_rows[j];
     }
     return torch::cat(blocks, 1).index_select(1, to_table_order);
@@ -314,81 +314,128 @@ std::pair<double, double> moved(const Args& a, ProcessGroup& group, const std::v
   return {total[0].item<double>(), total[1].item<double>()};
 }
 
+// One rank's part of the job: its tables, its MLP replica under DDP, their optimizers.
+class Job {
+ public:
+  Job(const Args& a, std::shared_ptr<ProcessGroup> group)
+      : a_(a),
+        group_(std::move(group)),
+        rank_(group_->rank()),
+        world_(group_->size()),
+        layout_(a, rank_, world_),
+        dense_(build_dense_arch(a)),
+        ddp_(dense_.ptr(), group_),
+        opt_dense_(dense_->parameters(), torch::optim::SGDOptions(a.lr)) {
+    std::vector<at::Tensor> weights;
+    for (int64_t t : layout_.owned[rank_]) {
+      tables_.push_back(build_table(a, t));
+      weights.push_back(tables_.back()->weight);
+    }
+    if (!tables_.empty())
+      opt_tables_ = std::make_unique<torch::optim::SGD>(weights, torch::optim::SGDOptions(a.lr));
+    std::fprintf(stderr, "rank %d: tables %s batch %lld all_to_all send %s recv %s rows of %lld floats\n",
+                 rank_, list(layout_.owned[rank_]).c_str(), static_cast<long long>(layout_.batch),
+                 list(layout_.send_rows).c_str(), list(layout_.recv_rows).c_str(),
+                 static_cast<long long>(a.dim));
+  }
+
+  // One training step; prints the loss line on rank 0.
+  void step(int64_t step) {
+    const DenseBatch batch = dense_batch(a_, step);
+    const at::Tensor sent = pooled_rows(step);
+    // The butterfly: the received rows are a leaf of the MLPs' graph, whose gradient
+    // the reverse exchange sends back to the tables' owners.
+    at::Tensor received = exchange(*group_, sent.detach(), layout_.send_rows, layout_.recv_rows, a_.dim);
+    received.requires_grad_(true);
+    const int64_t lo = layout_.start[rank_], b = layout_.batch;
+    at::Tensor logits =
+        ddp_.forward(dense_, batch.features.narrow(0, lo, b), layout_.bags_by_table(received, a_.dim));
+    at::Tensor loss_sum = torch::binary_cross_entropy_with_logits(logits, batch.labels.narrow(0, lo, b), {},
+                                                                  {}, at::Reduction::Sum);
+    // W/B times the slice's sum: DDP averages over the W ranks, so the MLPs get the
+    // gradients of the global batch's mean loss.
+    (loss_sum * (static_cast<double>(world_) / static_cast<double>(a_.batch_size))).backward();
+    // The bags' gradients of that mean are 1/W of what comes back.
+    at::Tensor back =
+        exchange(*group_, received.grad(), layout_.recv_rows, layout_.send_rows, a_.dim).mul_(1.0 / world_);
+    if (sent.requires_grad()) sent.backward(back);
+    opt_dense_.step();
+    opt_dense_.zero_grad();
+    if (opt_tables_) {
+      opt_tables_->step();
+      opt_tables_->zero_grad();
+    }
+    report_loss(step, loss_sum.item<double>());
+  }
+
+  // The end: the checksum and how far training moved the parameters (rank 0), every
+  // rank's MLP hash (stderr). `seconds`: steps 1 on, for samples/s.
+  void finish(double seconds) {
+    const double sum = checksum(*group_, tables_, dense_);
+    const auto [tables_moved, mlp_moved] = moved(a_, *group_, layout_.owned[rank_], tables_, dense_);
+    std::fprintf(stderr, "rank %d mlp %s\n", rank_, chorus::torch_ext::state_checksum(*dense_).c_str());
+    if (rank_ == 0) {
+      if (a_.steps > 1) {
+        std::printf("samples/s %.1f (steps 1..%lld, %d ranks, chorus)\n",
+                    static_cast<double>(a_.batch_size * (a_.steps - 1)) / seconds,
+                    static_cast<long long>(a_.steps - 1), world_);
+      }
+      std::printf("checksum value=%.17g\n", sum);
+      std::printf("moved tables=%.17g mlp=%.17g\n", tables_moved, mlp_moved);
+    }
+    group_->barrier().wait();
+  }
+
+ private:
+  // This rank's tables' bags for the whole global batch, [B * tables, dim], batch-major:
+  // each rank's slice of the batch is one run of rows.
+  at::Tensor pooled_rows(int64_t step) {
+    if (tables_.empty()) return torch::zeros({0, a_.dim});
+    std::vector<at::Tensor> pooled;
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      const Bags bags = sparse_batch(a_, step, layout_.owned[rank_][i]);
+      pooled.push_back(tables_[i]->forward(bags.indices, bags.offsets));  // [B, dim]
+    }
+    return torch::stack(pooled, 1).view({-1, a_.dim});
+  }
+
+  // One float64 allreduce of the ranks' loss sums; rank 0 prints its slice's mean loss
+  // and the global batch's.
+  void report_loss(int64_t step, double loss_sum) {
+    at::Tensor total = torch::full({1}, loss_sum, torch::kDouble);
+    group_->allreduce(total).wait();
+    if (rank_ != 0) return;
+    std::printf("loss step=%lld value=%.17g global=%.17g\n", static_cast<long long>(step),
+                loss_sum / static_cast<double>(layout_.batch),
+                total.item<double>() / static_cast<double>(a_.batch_size));
+    std::fflush(stdout);
+  }
+
+  const Args& a_;
+  std::shared_ptr<ProcessGroup> group_;
+  const int rank_, world_;
+  const Layout layout_;
+  DenseArch dense_;
+  DistributedDataParallel ddp_;
+  std::vector<torch::nn::EmbeddingBag> tables_;
+  torch::optim::SGD opt_dense_;
+  std::unique_ptr<torch::optim::SGD> opt_tables_;  // none on a rank without tables
+};
+
 int train(const Args& a, const std::shared_ptr<ProcessGroup>& group) {
-  const int rank = group->rank(), world = group->size();
-  if (a.batch_size < world) {
-    std::fprintf(stderr, "dlrm_sharded: --batch-size %lld is below the world size %d: every rank needs a sample\n",
-                 static_cast<long long>(a.batch_size), world);
+  if (a.batch_size < group->size()) {
+    std::fprintf(stderr,
+                 "dlrm_sharded: --batch-size %lld is below the world size %d: every rank needs a sample\n",
+                 static_cast<long long>(a.batch_size), group->size());
     return 2;
   }
-  const Layout layout(a, rank, world);
-  DenseArch dense_arch = build_dense_arch(a);
-  DistributedDataParallel ddp(dense_arch.ptr(), group);
-  std::vector<torch::nn::EmbeddingBag> tables;
-  for (int64_t t : layout.owned[rank]) tables.push_back(build_table(a, t));
-  torch::optim::SGD opt_dense(dense_arch->parameters(), torch::optim::SGDOptions(a.lr));
-  std::vector<at::Tensor> table_weights;
-  for (auto& table : tables) table_weights.push_back(table->weight);
-  std::unique_ptr<torch::optim::SGD> opt_tables;  // none on a rank without tables
-  if (!tables.empty()) opt_tables = std::make_unique<torch::optim::SGD>(table_weights, torch::optim::SGDOptions(a.lr));
-  std::fprintf(stderr, "rank %d: tables %s batch %lld all_to_all send %s recv %s rows of %lld floats\n", rank,
-               list(layout.owned[rank]).c_str(), static_cast<long long>(layout.batch),
-               list(layout.send_rows).c_str(), list(layout.recv_rows).c_str(), static_cast<long long>(a.dim));
-
-  const int64_t lo = layout.start[rank], b = layout.batch;
-  const double scale = static_cast<double>(world) / static_cast<double>(a.batch_size);  // DDP averages
+  Job job(a, group);
   std::chrono::steady_clock::time_point began;
   for (int64_t step = 0; step < a.steps; ++step) {
     if (step == 1) began = std::chrono::steady_clock::now();
-    const DenseBatch batch = dense_batch(a, step);
-    std::vector<at::Tensor> pooled;
-    for (size_t i = 0; i < tables.size(); ++i) {
-      const Bags bags = sparse_batch(a, step, layout.owned[rank][i]);
-      pooled.push_back(tables[i]->forward(bags.indices, bags.offsets));  // [B, dim]
-    }
-    // [B * mine, dim], batch-major: rank j's slice of the batch is one run of rows.
-    const at::Tensor sent = pooled.empty() ? torch::zeros({0, a.dim}) : torch::stack(pooled, 1).view({-1, a.dim});
-    // The butterfly: the received rows are a leaf of the MLPs' graph, whose gradient
-    // the reverse exchange sends back to the tables' owners.
-    at::Tensor received = exchange(*group, sent.detach(), layout.send_rows, layout.recv_rows, a.dim);
-    received.requires_grad_(true);
-    at::Tensor logits = ddp.forward(dense_arch, batch.features.narrow(0, lo, b), layout.bags_by_table(received, a.dim));
-    at::Tensor loss_sum = torch::binary_cross_entropy_with_logits(logits, batch.labels.narrow(0, lo, b), {}, {},
-                                                                  at::Reduction::Sum);
-    (loss_sum * scale).backward();  // DDP: the MLPs' gradients of the global mean loss
-    // Each rank's loss is W/B times its slice's sum: the bags' gradients of the global
-    // mean are 1/W of what came back.
-    at::Tensor back = exchange(*group, received.grad(), layout.recv_rows, layout.send_rows, a.dim).mul_(1.0 / world);
-    if (sent.requires_grad()) sent.backward(back);
-    opt_dense.step();
-    opt_dense.zero_grad();
-    if (opt_tables) {
-      opt_tables->step();
-      opt_tables->zero_grad();
-    }
-    at::Tensor total = torch::full({1}, loss_sum.item<double>(), torch::kDouble);
-    group->allreduce(total).wait();
-    if (rank == 0) {
-      std::printf("loss step=%lld value=%.17g global=%.17g\n", static_cast<long long>(step),
-                  loss_sum.item<double>() / static_cast<double>(b),
-                  total.item<double>() / static_cast<double>(a.batch_size));
-      std::fflush(stdout);
-    }
+    job.step(step);
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  const double sum = checksum(*group, tables, dense_arch);
-  const auto [tables_moved, mlp_moved] = moved(a, *group, layout.owned[rank], tables, dense_arch);
-  std::fprintf(stderr, "rank %d mlp %s\n", rank, chorus::torch_ext::state_checksum(*dense_arch).c_str());
-  if (rank == 0) {
-    if (a.steps > 1) {
-      std::printf("samples/s %.1f (steps 1..%lld, %d ranks, chorus)\n",
-                  static_cast<double>(a.batch_size * (a.steps - 1)) / seconds, static_cast<long long>(a.steps - 1),
-                  world);
-    }
-    std::printf("checksum value=%.17g\n", sum);
-    std::printf("moved tables=%.17g mlp=%.17g\n", tables_moved, mlp_moved);
-  }
-  group->barrier().wait();
+  job.finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
   return 0;
 }
 

@@ -172,9 +172,9 @@ Work ProcessGroup::alltoall(const at::Tensor& output, const at::Tensor& input,
                                " must have at least one dimension (they are cut along dim 0)");
   }
   if (input.scalar_type() != output.scalar_type()) {
-    throw InvalidArgumentError("alltoall: output has dtype " + std::string(c10::toString(output.scalar_type())) +
-                               " but input " + std::string(c10::toString(input.scalar_type())) +
-                               "; they must have the same dtype");
+    throw InvalidArgumentError(std::string("alltoall: output has dtype ") +
+                               c10::toString(output.scalar_type()) + " but input " +
+                               c10::toString(input.scalar_type()) + "; they must have the same dtype");
   }
   const DataType dtype = dtype_of(input, "alltoall: input");
   if (overlap(input, output)) {

@@ -31,12 +31,12 @@ const std::string kPythonTwin = std::string(CHORUS_SOURCE_DIR) + "/examples/recs
 // What a job printed: rank 0's loss lines and checksum, every rank's MLP hash.
 struct JobOutput {
   int exit_code = -1;
-  std::string text;             // stdout and stderr, for failure messages
-  std::vector<double> value;    // per step: rank 0's slice's mean loss
-  std::vector<double> global;   // per step: the global batch's mean loss
-  double checksum = NAN;        // every parameter summed
-  double tables_moved = NAN;    // the L1 distance of the tables from their initial values
-  double mlp_moved = NAN;       // the same of the MLPs
+  std::string text;                // stdout and stderr, for failure messages
+  std::vector<double> value;       // per step: rank 0's slice's mean loss
+  std::vector<double> global;      // per step: the global batch's mean loss
+  double checksum = NAN;           // every parameter summed
+  double tables_moved = NAN;       // the L1 distance of the tables from their initial values
+  double mlp_moved = NAN;          // the same of the MLPs
   std::map<int, std::string> mlp;  // rank -> hash of its MLP replica
 };
 
@@ -57,7 +57,8 @@ JobOutput parsed(int exit_code, const std::string& text) {
     o.tables_moved = std::stod(m[1]);
     o.mlp_moved = std::stod(m[2]);
   }
-  for (const auto& m : matches(text, std::regex("rank ([0-9]+) mlp ([0-9a-f]+)"))) o.mlp[std::stoi(m[1])] = m[2];
+  for (const auto& m : matches(text, std::regex("rank ([0-9]+) mlp ([0-9a-f]+)")))
+    o.mlp[std::stoi(m[1])] = m[2];
   return o;
 }
 
@@ -83,11 +84,14 @@ std::map<int, JobOutput> expect_sharding_keeps_the_math(const std::vector<std::s
   for (const auto& [size, run] : runs) {
     if (run.exit_code != 0 || run.global.size() != steps || one.global.size() != steps ||
         run.mlp.size() != static_cast<size_t>(size)) {
-      ADD_FAILURE() << "expected exit code 0, " << steps << " loss lines and a hash per rank; "
-                    << size << " ranks:\n" << run.text << "\n1 rank:\n" << one.text;
+      ADD_FAILURE() << "expected exit code 0, " << steps << " loss lines and a hash per rank; " << size
+                    << " ranks:\n"
+                    << run.text << "\n1 rank:\n"
+                    << one.text;
       continue;
     }
-    for (const auto& [rank, hash] : run.mlp) EXPECT_EQ(hash, run.mlp.at(0)) << "rank " << rank << "\n" << run.text;
+    for (const auto& [rank, hash] : run.mlp)
+      EXPECT_EQ(hash, run.mlp.at(0)) << "rank " << rank << "\n" << run.text;
     for (size_t s = 0; s < steps; ++s) {
       EXPECT_LE(relative(one.global[s], run.global[s]), 1e-5)
           << "step " << s << ": " << one.global[s] << " at 1 rank, " << run.global[s] << " at " << size;
@@ -112,11 +116,13 @@ std::map<int, JobOutput> expect_sharding_keeps_the_math(const std::vector<std::s
 TEST(DlrmSharded, UnevenTablesAndSlicesTrainAsOneRank) {
   auto runs = expect_sharding_keeps_the_math(
       {"--tables", "5", "--rows", "1000", "--dim", "16", "--batch-size", "61", "--steps", "4"}, {2, 3}, 4);
-  EXPECT_TRUE(contains(runs[3].text, "rank 2: tables [2] batch 20 all_to_all send [21, 20, 20] "
-                                     "recv [40, 40, 20] rows of 16 floats"))
+  EXPECT_TRUE(contains(runs[3].text,
+                       "rank 2: tables [2] batch 20 all_to_all send [21, 20, 20] "
+                       "recv [40, 40, 20] rows of 16 floats"))
       << runs[3].text;
-  EXPECT_TRUE(contains(runs[2].text, "rank 0: tables [0, 2, 4] batch 31 all_to_all send [93, 90] "
-                                     "recv [93, 62] rows of 16 floats"))
+  EXPECT_TRUE(contains(runs[2].text,
+                       "rank 0: tables [0, 2, 4] batch 31 all_to_all send [93, 90] "
+                       "recv [93, 62] rows of 16 floats"))
       << runs[2].text;
 }
 
@@ -125,8 +131,9 @@ TEST(DlrmSharded, UnevenTablesAndSlicesTrainAsOneRank) {
 TEST(DlrmSharded, FewerTablesThanRanksTrainAsOneRank) {
   auto runs = expect_sharding_keeps_the_math(
       {"--tables", "2", "--rows", "500", "--dim", "8", "--batch-size", "31", "--steps", "3"}, {3}, 3);
-  EXPECT_TRUE(contains(runs[3].text, "rank 2: tables [] batch 10 all_to_all send [0, 0, 0] "
-                                     "recv [10, 10, 0] rows of 8 floats"))
+  EXPECT_TRUE(contains(runs[3].text,
+                       "rank 2: tables [] batch 10 all_to_all send [0, 0, 0] "
+                       "recv [10, 10, 0] rows of 8 floats"))
       << runs[3].text;
 }
 
@@ -135,17 +142,21 @@ TEST(DlrmSharded, FewerTablesThanRanksTrainAsOneRank) {
 TEST(DlrmSharded, OneRankIsItsPythonTwinBitForBit) {
   const std::string python = CHORUS_TEST_PYTHON;
   std::string why;
-  if (python.empty() || test::run_command(python, {"-c", "import torch.distributed as d; assert d.is_gloo_available()"},
-                                          &why, 120s) != 0) {
+  if (python.empty() ||
+      test::run_command(python, {"-c", "import torch.distributed as d; assert d.is_gloo_available()"}, &why,
+                        120s) != 0) {
     GTEST_SKIP() << "no Python with torch and gloo for this build's torch (" << python << "): " << why;
   }
-  const std::vector<std::string> args = {"--tables", "3", "--rows", "800", "--dim", "8",
-                                         "--batch-size", "40", "--steps", "3", "--seed", "7"};
+  const std::vector<std::string> args = {"--tables",     "3",  "--rows",  "800", "--dim",  "8",
+                                         "--batch-size", "40", "--steps", "3",   "--seed", "7"};
   test::SpawnOptions o;
   o.args = {kPythonTwin, "--backend", "gloo"};
   o.args.insert(o.args.end(), args.begin(), args.end());
-  o.env = {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"},
-           {"MASTER_PORT", std::to_string(test::pick_free_port())}, {"OMP_NUM_THREADS", "1"}};
+  o.env = {{"RANK", "0"},
+           {"WORLD_SIZE", "1"},
+           {"MASTER_ADDR", "127.0.0.1"},
+           {"MASTER_PORT", std::to_string(test::pick_free_port())},
+           {"OMP_NUM_THREADS", "1"}};
   o.unset_env = test::launcher_unset_env();
   test::Subprocess twin(python, o);
   ASSERT_TRUE(twin.wait_for(300s)) << twin.output_text();
@@ -169,7 +180,9 @@ TEST(DlrmSharded, BadOptionsAreNamed) {
   JobOutput small = cpp_job(3, {"--batch-size", "2", "--rows", "100", "--dim", "4"});
   EXPECT_NE(small.exit_code, 0) << small.text;
   // (chorusrun repeats the last output of the rank that failed first, indented.)
-  EXPECT_EQ(matches(small.text, std::regex("(^|\n)dlrm_sharded: --batch-size 2 is below the world size 3")).size(), 3u)
+  EXPECT_EQ(
+      matches(small.text, std::regex("(^|\n)dlrm_sharded: --batch-size 2 is below the world size 3")).size(),
+      3u)
       << small.text;
 }
 

@@ -206,11 +206,14 @@ TEST(AlltoallArguments, AreRefusedNamingTheArgument) {
       return error_of<InvalidArgumentError>([&] { group.alltoall(o, i, os, is); });
     };
     std::string what = refusal(out, in, {}, {1, 2});
-    EXPECT_TRUE(contains(what, "alltoall: input_split_sizes has 2 entries; expected one per rank (3)")) << what;
+    EXPECT_TRUE(contains(what, "alltoall: input_split_sizes has 2 entries; expected one per rank (3)"))
+        << what;
     what = refusal(out, in, {2, 2, 3}, {});
-    EXPECT_TRUE(contains(what, "alltoall: output_split_sizes add up to 7 rows, but output [6, 2] has 6")) << what;
+    EXPECT_TRUE(contains(what, "alltoall: output_split_sizes add up to 7 rows, but output [6, 2] has 6"))
+        << what;
     what = refusal(out, in, {}, {4, -1, 3});
-    EXPECT_TRUE(contains(what, "alltoall: input_split_sizes[1] is -1; a split size cannot be negative")) << what;
+    EXPECT_TRUE(contains(what, "alltoall: input_split_sizes[1] is -1; a split size cannot be negative"))
+        << what;
     what = refusal(torch::zeros({4, 2}), in, {}, {});
     EXPECT_TRUE(contains(what, "alltoall: output [4, 2] has 4 rows, which do not split evenly over 3 ranks; "
                                "pass output_split_sizes")) << what;
