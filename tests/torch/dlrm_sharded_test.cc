@@ -98,9 +98,9 @@ std::map<int, JobOutput> expect_sharding_keeps_the_math(const std::vector<std::s
     }
     // How far the tables and the MLPs moved, not the checksum: its terms cancel to
     // about 0.01 in the first test, which a few ReLUs that rounding tips the other way
-    // shift by 1e-3 of itself at 3 ranks, where these moved by 5e-5 and 8e-6 of
+    // shift by 5e-3 of itself at 3 ranks, where these change by 5e-5 and 8e-6 of
     // themselves (and 8e-8 at 2 ranks). A wrong scale of the tables' gradients (no 1/W
-    // in the reverse exchange) moved the tables by 3 times as much.
+    // in the reverse exchange) moved the tables W times as far.
     EXPECT_LE(relative(one.tables_moved, run.tables_moved), 1e-3)
         << one.tables_moved << " at 1 rank, " << run.tables_moved << " at " << size;
     EXPECT_LE(relative(one.mlp_moved, run.mlp_moved), 1e-3)
