@@ -5,8 +5,9 @@
 //
 // ProcessGroup::alltoall (torch's all_to_all_single) with ranks as threads: 1 to 5
 // ranks, every dtype, equal, uneven and zero split sizes against closed-form blocks;
-// its argument errors; and split sizes that disagree between ranks, which fail on
-// every rank naming both sides and leave the group usable (issue 44).
+// its argument errors; split sizes that disagree between ranks, which fail on every
+// rank naming both sides and leave the group usable; and dtypes that disagree, which
+// fail on every rank naming both calls (issue 44).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -266,6 +267,38 @@ void expect_disagreement_fails_everywhere(int size, TransportKind transport) {
     }
   };
   on_ranks(size, body, options);
+}
+
+// Ranks that pass tensors of other dtypes (the same counts): a disagreement of the
+// calls, which the communicator reports as any other: PeerError on every rank, naming both
+// calls; the communicator is then broken (its contract for mismatched calls).
+void expect_dtype_disagreement_fails_everywhere(TransportKind transport) {
+  CommOptions options = test::test_options();
+  options.transport = transport;
+  on_ranks(
+      3,
+      [&](ProcessGroup& group, int me) {
+        const auto dtype = me == 2 ? torch::kDouble : torch::kFloat;
+        at::Tensor input = torch::ones({6, 2}, dtype), output = torch::zeros({6, 2}, dtype);
+        std::string what;
+        try {
+          group.alltoall(output, input).wait();
+          ADD_FAILURE() << "rank " << me << ": the alltoall completed";
+        } catch (const PeerError& e) {
+          what = e.what();
+        }
+        EXPECT_TRUE(contains(what, "mismatch")) << "rank " << me << ": " << what;
+        EXPECT_TRUE(contains(what, "f64") && contains(what, "f32")) << "rank " << me << ": " << what;
+      },
+      options);
+}
+
+TEST(AlltoallDisagreement, OfDtypesFailsOnEveryRankOverSharedMemory) {
+  expect_dtype_disagreement_fails_everywhere(TransportKind::kAuto);
+}
+
+TEST(AlltoallDisagreement, OfDtypesFailsOnEveryRankOverTcp) {
+  expect_dtype_disagreement_fails_everywhere(TransportKind::kTcp);
 }
 
 TEST(AlltoallDisagreement, FailsOnEveryRankNamingBothSidesOverSharedMemory) {

@@ -65,7 +65,9 @@ class ProcessGroup {
   // times the row's elements). The ranks compare their counts before any data moves: a
   // disagreement fails the Work on every rank with InvalidArgumentError naming both
   // ranks and both counts ("... counts disagree between ranks (rank 1 sends 6 elements
-  // to rank 0, which expects 4) ..."), and leaves the group usable.
+  // to rank 0, which expects 4) ..."), and leaves the group usable. Ranks that pass
+  // other dtypes make different calls: every rank fails (PeerError) naming both, and
+  // the communicator is broken, as for any mismatched call (chorus/communicator.h).
   // output is written once the Work completes; input may be reused then too.
   Work alltoall(const at::Tensor& output, const at::Tensor& input,
                 const std::vector<int64_t>& output_split_sizes = {},
