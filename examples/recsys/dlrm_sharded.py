@@ -14,10 +14,13 @@ Launch: env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) per rank, e.g. throu
 run_dlrm_sharded.sh. Rank 0 prints "loss step=S value=V global=G" per step (V: rank 0's
 mean loss over its local slice; G: the mean over the global batch), then samples/s and
 "checksum value=C" (all parameters summed in float64 over the ranks; the replicated MLP
-counted once). With --profile DIR each rank writes DIR/rank<R>.json: every step cut into
-phases (step_profile.py), read by bench/recsys_report.py.
+counted once). --fail makes one rank die or stop on purpose; a rank whose step raises
+prints "rank R failed at step S: MESSAGE" and exits 1 (faults.py). With --profile DIR each
+rank writes DIR/rank<R>.json: every step cut into phases (step_profile.py), read by
+bench/recsys_report.py.
 """
 import argparse
+import datetime
 import os
 import sys
 import time
@@ -27,6 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+import faults
 import step_profile
 
 DENSE_FEATURES = 13
@@ -50,6 +54,9 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--sparse", action="store_true",
                    help="sparse=True embeddings: sparse gradients, SGD on the owner")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds: the process group's timeout (default torch's)")
+    faults.add_argument(p)
     p.add_argument("--profile", metavar="DIR",
                    help="write DIR/rank<R>.json: each step's phases (input, lookup_fwd, "
                         "a2a_fwd, mlp_fwd, mlp_bwd, a2a_bwd, lookup_bwd, ddp_wait, "
@@ -209,12 +216,38 @@ def checksum(tables, dense, rank):
     return total.item()
 
 
+def train_step(args, step, layout, tables, ddp, group, scale, prof):
+    """Forward and backward of one step (the optimizers' steps are the caller's); returns
+    this rank's loss sum and the global one (an all_reduce of the ranks' sums). `prof`
+    marks the phases (step_profile.py)."""
+    rank = layout.rank
+    lo, b = layout.start[rank], layout.local[rank]
+    prof.phase("input")
+    dense, labels = dense_batch(args, step)
+    pooled = []
+    for t in layout.owned[rank]:
+        prof.phase("input")
+        indices, offsets = sparse_batch(args, step, t)
+        prof.phase("lookup_fwd")
+        pooled.append(tables[str(t)](indices, offsets))
+    ly = exchange(pooled, layout, args, group, prof)
+    logits = ddp(dense[lo:lo + b], ly)
+    loss_sum = F.binary_cross_entropy_with_logits(logits, labels[lo:lo + b], reduction="sum")
+    prof.phase("mlp_bwd")
+    (loss_sum * scale).backward()
+    total = torch.tensor([loss_sum.item()], dtype=torch.float64)
+    with prof.collective("loss_allreduce", then="optimizer"):
+        dist.all_reduce(total)
+    return loss_sum, total
+
+
 def main(argv):
     args = parse_args(argv)
     torch.set_num_threads(1)
     if args.backend == "chorus":
         import torch_chorus  # noqa: F401  registers the backend
-    dist.init_process_group(args.backend)
+    timeout = {} if args.timeout is None else {"timeout": datetime.timedelta(seconds=args.timeout)}
+    dist.init_process_group(args.backend, **timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD
     if args.batch_size < world:
@@ -247,37 +280,26 @@ def main(argv):
         for emb in tables.values():
             emb.weight.register_hook(table_grad_done)
 
+    fail = faults.FailPoint(args.fail, rank)
+    fail.install([ddp])
     lo, b = layout.start[rank], layout.local[rank]
     scale = world / args.batch_size  # DDP averages: the global mean's gradient
     began = None
     for step in range(args.steps):
         if step == 1:
             began = time.perf_counter()
+        fail.step = step
         prof.begin_step(step)
         tables_left[0] = len(tables)
-        prof.phase("input")
-        dense, labels = dense_batch(args, step)
-        pooled = []
-        for t in layout.owned[rank]:
-            prof.phase("input")
-            indices, offsets = sparse_batch(args, step, t)
-            prof.phase("lookup_fwd")
-            pooled.append(tables[str(t)](indices, offsets))
-        ly = exchange(pooled, layout, args, group, prof)
-        logits = ddp(dense[lo:lo + b], ly)
-        loss_sum = F.binary_cross_entropy_with_logits(logits, labels[lo:lo + b],
-                                                      reduction="sum")
-        prof.phase("mlp_bwd")
-        (loss_sum * scale).backward()
-        prof.phase("optimizer")
+        try:
+            loss_sum, total = train_step(args, step, layout, tables, ddp, group, scale, prof)
+        except RuntimeError as e:
+            faults.report_failure(rank, step, e)
         opt_dense.step()
         opt_dense.zero_grad(set_to_none=True)
         if opt_emb is not None:
             opt_emb.step()
             opt_emb.zero_grad(set_to_none=True)
-        total = torch.tensor([loss_sum.item()], dtype=torch.float64)
-        with prof.collective("loss_allreduce", then="other"):
-            dist.all_reduce(total)
         if rank == 0:
             print(f"loss step={step} value={loss_sum.item() / b!r} "
                   f"global={total.item() / args.batch_size!r}", flush=True)

@@ -19,10 +19,12 @@ squares of its parameters (the dense ones and its own shards of the tables):
 
     params rank=R sum=S sumsq=Q
 
-and before them `samples/s X (steps 1..N-1, W ranks, BACKEND)`: every rank's samples of
-steps 1 on over rank 0's time for them. --profile DIR writes each rank's steps cut into
-phases (input, forward, backward, optimizer, loss_allreduce, and the wait of each
-collective TorchRec calls, step_profile.py) into DIR/rank<R>.json.
+--fail makes one rank die or stop on purpose; a rank whose step raises prints "rank R
+failed at step S: MESSAGE" and exits 1 (faults.py). Rank 0 also prints `samples/s X
+(steps 1..N-1, W ranks, BACKEND)`: every rank's samples of steps 1 on over rank 0's time
+for them. --profile DIR writes each rank's steps cut into phases (input, forward,
+backward, optimizer, loss_allreduce, and the wait of each collective TorchRec calls,
+step_profile.py) into DIR/rank<R>.json.
 
 Needs TorchRec and fbgemm-gpu-cpu on PYTHONPATH (and torch_chorus for --backend chorus);
 see README.md beside this file.
@@ -31,12 +33,14 @@ Run each rank with env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), for exam
 through python -m torch.distributed.run --nproc-per-node 2 torchrec_dlrm.py.
 """
 import argparse
+import datetime
 import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from torchrec.datasets.random import RandomRecDataset
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -53,6 +57,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+import faults
 
 SHARDINGS = {"table_wise": ShardingType.TABLE_WISE, "row_wise": ShardingType.ROW_WISE}
 
@@ -77,6 +83,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--trace", action="store_true",
                    help="log every torch.distributed call on rank 0's stderr (trace_dist.py)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds: the process group's timeout (default torch's)")
+    faults.add_argument(p)
     p.add_argument("--profile", metavar="DIR",
                    help="write DIR/rank<R>.json: each step's phases (step_profile.py)")
     return p.parse_args(argv)
@@ -172,6 +181,25 @@ def checksum(model):
     return total, squares
 
 
+def train_step(args, step, model, batch, prof):
+    """Forward and backward of one step (the tables' optimizer runs in the backward, the
+    dense one is the caller's); returns rank's loss and the ranks' sum of it. `prof`
+    marks the phases (step_profile.py)."""
+    mark = sys.modules["trace_dist"].mark if args.trace else (lambda what: None)
+    mark(f"step {step} forward")
+    prof.phase("forward")
+    loss, _ = model(batch)
+    mark(f"step {step} backward")
+    prof.phase("backward")
+    loss.backward()
+    mark(f"step {step} loss all_reduce (the script's, not TorchRec's)")
+    prof.phase("loss_allreduce")
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    prof.phase("optimizer")
+    return loss, total
+
+
 def main(argv):
     args = parse_args(argv)
     if args.backend == "chorus":
@@ -180,7 +208,8 @@ def main(argv):
     if args.trace:
         import trace_dist
         trace_dist.install(rank)
-    dist.init_process_group(args.backend)
+    timeout = {} if args.timeout is None else {"timeout": datetime.timedelta(seconds=args.timeout)}
+    dist.init_process_group(args.backend, **timeout)
     pg = dist.GroupMember.WORLD
     import step_profile
     prof = step_profile.StepProfile(rank, dist.get_world_size(), args.backend) \
@@ -200,6 +229,8 @@ def main(argv):
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
                                   lambda params: torch.optim.SGD(params, lr=args.lr))
 
+    fail = faults.FailPoint(args.fail, rank)
+    fail.install([m for m in model.modules() if isinstance(m, DistributedDataParallel)])
     if args.profile:
         step_profile.instrument(prof)
     model.train()
@@ -208,25 +239,16 @@ def main(argv):
     for step in range(args.steps):
         if step == 1:
             began = time.perf_counter()
+        fail.step = step
         prof.begin_step(step)
         prof.phase("input")
         batch = next(batches)
-        if args.trace:
-            trace_dist.mark(f"step {step} forward")
-        prof.phase("forward")
-        loss, _ = model(batch)
-        if args.trace:
-            trace_dist.mark(f"step {step} backward")
-        prof.phase("backward")
-        loss.backward()
-        prof.phase("optimizer")
+        try:
+            loss, mean = train_step(args, step, model, batch, prof)
+        except RuntimeError as e:
+            faults.report_failure(rank, step, e)
         dense.step()
         dense.zero_grad()
-        if args.trace:
-            trace_dist.mark(f"step {step} loss all_reduce (the script's, not TorchRec's)")
-        prof.phase("loss_allreduce")
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
         mean /= world
         prof.phase("other")
         if rank == 0:

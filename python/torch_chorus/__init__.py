@@ -16,6 +16,7 @@ name torch does not know) to chorus, for scripts written for another backend.
 ``torch_chorus.DistributedDataParallel`` is torch's, with its gradient buckets in
 node-shared memory where that makes chorus's allreduce faster (see its docstring).
 """
+import atexit
 import inspect
 
 import torch
@@ -108,6 +109,25 @@ def chorus_backend(group=None):
     except RuntimeError:  # no backend for CPU tensors in this group
         return None
     return backend if isinstance(backend, _C.ProcessGroupChorus) else None
+
+
+def _drain_at_exit():
+    """Lets every chorus group's pending futures complete and their callbacks run while
+    Python still lets other threads take the GIL. After this (at exit, once Python
+    finalizes) a thread that asks for the GIL ends inside C++, and one completing a
+    future with a Python callback (a DDP comm hook's, Future.then's) would abort the
+    process: a job that raised on a failed collective and exited would end in SIGABRT
+    instead of its own status. Each group waits at most its timeout."""
+    c10d = dist.distributed_c10d
+    world = getattr(c10d, "_world", None)  # torch 2.x; 1.13 keeps the map in _pg_map
+    groups = world.pg_map if world is not None else getattr(c10d, "_pg_map", {})
+    for group in list(groups):
+        backend = chorus_backend(group)
+        if backend is not None:
+            backend._drain_callbacks()
+
+
+atexit.register(_drain_at_exit)
 
 
 class _Scope:

@@ -46,6 +46,10 @@ ProcessGroupChorus::~ProcessGroupChorus() {
   completer_.reset();
 }
 
+bool ProcessGroupChorus::drain_callbacks() {
+  return completer_->drain(std::chrono::steady_clock::now() + timeout_.applies);
+}
+
 ProcessGroupChorus::Ptr ProcessGroupChorus::launch(OpType type, Work operation,
                                                    std::vector<at::Tensor> outputs,
                                                    ChorusWork::Finisher finish,

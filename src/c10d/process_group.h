@@ -126,6 +126,11 @@ class ProcessGroupChorus : public BackendBase {
 
   // For tests and diagnostics: the communicator the collectives run on.
   Communicator& communicator() { return *comms_->collectives; }
+  // Waits until the futures asked for have completed and their callbacks have run, at
+  // most the group's timeout (every operation ends by then; the callbacks are the
+  // program's); returns whether they all did. Call it without the GIL: Python callbacks
+  // take it. torch_chorus calls it at Python's exit (see Completer::drain).
+  bool drain_callbacks();
 
  private:
   // `partner`: a second operation the work also waits for (a receive from any source,

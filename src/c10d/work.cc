@@ -201,10 +201,17 @@ void Completer::push(c10::intrusive_ptr<ChorusWork> work) {
   cv_.notify_one();
 }
 
+bool Completer::drain(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return idle_cv_.wait_until(lock, deadline,
+                             [&] { return queue_.empty() && idle_ == threads_.size(); });
+}
+
 void Completer::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     ++idle_;
+    idle_cv_.notify_all();
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     --idle_;
     if (queue_.empty()) return;

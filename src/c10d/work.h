@@ -124,11 +124,17 @@ class Completer {
   Completer() = default;
   ~Completer();
   void push(c10::intrusive_ptr<ChorusWork> work);
+  // Waits until nothing is queued and no thread is completing a work (running its
+  // future's callbacks), or until `deadline`; returns whether it got there. Python's
+  // exit calls it (torch_chorus): after that a thread that asks for the GIL, as a
+  // Python callback does, ends inside C++ and the process aborts.
+  bool drain(std::chrono::steady_clock::time_point deadline);
 
  private:
   void loop();
   std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable idle_cv_;  // a thread went idle
   std::deque<c10::intrusive_ptr<ChorusWork>> queue_;  // guarded by mutex_
   size_t idle_ = 0;                                    // guarded by mutex_
   bool stopping_ = false;                              // guarded by mutex_

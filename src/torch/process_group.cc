@@ -25,6 +25,56 @@ void check(const at::Tensor& t, const char* op, const char* what) {
   }
 }
 
+// The elements of one row of `t`: its size past dim 0.
+int64_t row_elements(const at::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
+
+// alltoall's per-rank counts, in elements, of `t` ("input" or "output") cut along dim 0
+// by `splits` (rows per rank; empty: equal blocks).
+std::vector<size_t> alltoall_counts(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
+                                    const std::string& what) {
+  const std::string arg = "alltoall: " + what + "_split_sizes";
+  const int64_t rows = t.size(0), row = row_elements(t);
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      throw InvalidArgumentError("alltoall: " + what + " " + shape_of(t) + " has " + std::to_string(rows) +
+                                 " rows, which do not split evenly over " + std::to_string(size) +
+                                 " ranks; pass " + what + "_split_sizes");
+    }
+    return std::vector<size_t>(size, static_cast<size_t>(rows / size * row));
+  }
+  if (splits.size() != static_cast<size_t>(size)) {
+    throw InvalidArgumentError(arg + " has " + std::to_string(splits.size()) +
+                               " entries; expected one per rank (" + std::to_string(size) + ")");
+  }
+  std::vector<size_t> counts(size);
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    if (splits[r] < 0) {
+      throw InvalidArgumentError(arg + "[" + std::to_string(r) + "] is " + std::to_string(splits[r]) +
+                                 "; a split size cannot be negative");
+    }
+    total += splits[r];
+    counts[r] = static_cast<size_t>(splits[r] * row);
+  }
+  if (total != rows) {
+    throw InvalidArgumentError(arg + " add up to " + std::to_string(total) + " rows, but " + what + " " +
+                               shape_of(t) + " has " + std::to_string(rows));
+  }
+  return counts;
+}
+
+// Whether the bytes of `a` and `b` overlap.
+bool overlap(const at::Tensor& a, const at::Tensor& b) {
+  const auto* a0 = static_cast<const char*>(a.data_ptr());
+  const auto* b0 = static_cast<const char*>(b.data_ptr());
+  const size_t a_bytes = a.numel() * a.element_size(), b_bytes = b.numel() * b.element_size();
+  return a_bytes > 0 && b_bytes > 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {
@@ -110,6 +160,30 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& in
   }
   return comm_->reduce_scatter(input.data_ptr(), output.data_ptr(), output.numel(),
                                dtype_of(input, "reduce_scatter: input"), op);
+}
+
+Work ProcessGroup::alltoall(const at::Tensor& output, const at::Tensor& input,
+                           const std::vector<int64_t>& output_split_sizes,
+                           const std::vector<int64_t>& input_split_sizes) {
+  check(output, "alltoall", "output");
+  check(input, "alltoall", "input");
+  if (input.dim() == 0 || output.dim() == 0) {
+    throw InvalidArgumentError("alltoall: input " + shape_of(input) + " and output " + shape_of(output) +
+                               " must have at least one dimension (they are cut along dim 0)");
+  }
+  if (input.scalar_type() != output.scalar_type()) {
+    throw InvalidArgumentError(std::string("alltoall: output has dtype ") +
+                               c10::toString(output.scalar_type()) + " but input " +
+                               c10::toString(input.scalar_type()) + "; they must have the same dtype");
+  }
+  const DataType dtype = dtype_of(input, "alltoall: input");
+  if (overlap(input, output)) {
+    throw InvalidArgumentError("alltoall: input " + shape_of(input) + " and output " + shape_of(output) +
+                               " share memory; pass separate tensors");
+  }
+  const std::vector<size_t> send_counts = alltoall_counts(input, input_split_sizes, size(), "input");
+  const std::vector<size_t> recv_counts = alltoall_counts(output, output_split_sizes, size(), "output");
+  return comm_->alltoallv(input.data_ptr(), send_counts, {}, output.data_ptr(), recv_counts, {}, dtype);
 }
 
 Work ProcessGroup::barrier() { return comm_->barrier(); }

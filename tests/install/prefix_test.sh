@@ -7,10 +7,11 @@
 #     chorus::comm (the shared library) and chorus::comm_static, and each runs on 3
 #     ranks under the installed chorusrun;
 #   - a program compiled with `pkg-config --cflags --libs chorus` runs on 2 ranks;
-#   - with libtorch: examples/cnn_fashion and examples/grad_accumulation build against
-#     chorus::torch in the prefix; the CNN's replicas end equal after 20 steps on 2 ranks,
-#     and 30 steps of gradient accumulation end with the same parameters whether run
-#     straight or stopped after 20 and resumed from the checkpoint;
+#   - with libtorch: examples/cnn_fashion, examples/grad_accumulation and examples/recsys
+#     (dlrm_sharded) build against chorus::torch in the prefix; the CNN's replicas end
+#     equal after 20 steps on 2 ranks, 30 steps of gradient accumulation end with the
+#     same parameters whether run straight or stopped after 20 and resumed from the
+#     checkpoint, and the DLRM's MLP replicas end equal after 3 steps on 2 ranks;
 #   - with the Python module: PYTHONPATH=PREFIX/lib/python3/dist-packages imports it.
 # Usage: prefix_test.sh SOURCE_DIR BUILD_DIR VERSION
 set -euo pipefail
@@ -85,18 +86,18 @@ every_rank_agrees() {
 }
 if [ -e "$prefix/$libdir/cmake/chorus/chorusTorchTargets.cmake" ]; then
   # Configured one after the other, compiled side by side (one libtorch file each).
-  for name in cnn_fashion grad_accumulation; do
+  names=(cnn_fashion grad_accumulation recsys)
+  for name in "${names[@]}"; do
     cmake -S "$src/examples/$name" -B "$work/ex-$name" -DCMAKE_PREFIX_PATH="$prefix" >"$work/cfg-$name.log" 2>&1 ||
       { cat "$work/cfg-$name.log"; fail "examples/$name did not configure against the prefix"; }
   done
   pids=()
-  for name in cnn_fashion grad_accumulation; do
+  for name in "${names[@]}"; do
     cmake --build "$work/ex-$name" >"$work/bld-$name.log" 2>&1 &
     pids+=($!)
   done
-  for i in 0 1; do
-    name=(cnn_fashion grad_accumulation)
-    wait "${pids[$i]}" || { cat "$work/bld-${name[$i]}.log"; fail "examples/${name[$i]} did not build"; }
+  for i in "${!names[@]}"; do
+    wait "${pids[$i]}" || { cat "$work/bld-${names[$i]}.log"; fail "examples/${names[$i]} did not build"; }
   done
   export OMP_NUM_THREADS=1
   run_ranks 2 "$work/ex-cnn_fashion/cnn_fashion" --epochs 1 --max-steps 20 >"$work/cnn.log" 2>&1 ||
@@ -120,6 +121,12 @@ if [ -e "$prefix/$libdir/cmake/chorus/chorusTorchTargets.cmake" ]; then
   [ -n "$straight" ] && [ "$straight" = "$resumed" ] ||
     fail "examples/grad_accumulation: 30 steps straight give '$straight', stopped at 20 and resumed '$resumed'"
   echo "prefix_test: examples/grad_accumulation, 2 ranks: 30 steps straight and 20 + resumed 10 end equal ($straight)"
+
+  run_ranks 2 "$work/ex-recsys/dlrm_sharded" --tables 3 --rows 1000 --dim 16 --batch-size 63 --steps 3 \
+    >"$work/dlrm.log" 2>&1 || { cat "$work/dlrm.log"; fail "examples/recsys/dlrm_sharded failed"; }
+  every_rank_agrees "$work/dlrm.log" 2 mlp || { cat "$work/dlrm.log"; fail "examples/recsys/dlrm_sharded: the MLP replicas differ"; }
+  grep -q '^checksum value=' "$work/dlrm.log" || { cat "$work/dlrm.log"; fail "examples/recsys/dlrm_sharded: no checksum"; }
+  echo "prefix_test: examples/recsys/dlrm_sharded, 2 ranks, 3 steps: equal MLP replicas ($(grep -o '^checksum value=.*' "$work/dlrm.log"))"
 fi
 
 pydir="$prefix/lib/python3/dist-packages"

@@ -405,6 +405,10 @@ if n >= 2:
     refused(lambda: dist.all_to_all_single(torch.empty(sum(expect_rows)), torch.ones(n), expect_rows,
                                            [1] * n, group=CH),
             "alltoallv", "rank 0 sends 1 elements to rank 1, which expects 2", "no data was sent")
+    # The same with lists (all_to_all): the sizes of rank 1's output tensors disagree.
+    refused(lambda: dist.all_to_all([torch.empty(k) for k in expect_rows],
+                                    [torch.ones(1) for _ in range(n)], group=CH),
+            "alltoallv", "rank 0 sends 1 elements to rank 1, which expects 2", "no data was sent")
 x = torch.ones(3)
 dist.all_reduce(x, group=CH)
 same(torch.full((3,), float(n)), x, "all_reduce after refused calls")

@@ -25,10 +25,11 @@ class Rank:
         self.rc = None
 
 
-def start(script, world_size, args=(), env=None, nodes=1, rank_env=None):
-    """Starts `world_size` ranks of `script`; with nodes > 1 the ranks are split into
-    that many simulated nodes (CHORUS_NODE_ID), which talk tcp to each other.
-    `env` adds variables (None: unset it), `rank_env(rank)` those of one rank."""
+def start(script, world_size, args=(), env=None, nodes=1, rank_env=None, python=None):
+    """Starts `world_size` ranks of `script` (run by `python`, PYTHON by default); with
+    nodes > 1 the ranks are split into that many simulated nodes (CHORUS_NODE_ID), which
+    talk tcp to each other. `env` adds variables (None: unset it), `rank_env(rank)`
+    those of one rank."""
     port = free_port()
     ranks = []
     per_node = world_size // nodes
@@ -45,7 +46,7 @@ def start(script, world_size, args=(), env=None, nodes=1, rank_env=None):
             e["CHORUS_NODE_ID"] = "simnode%d" % (r // per_node)
         if rank_env:
             e.update(rank_env(r))
-        proc = subprocess.Popen([PYTHON, os.path.join(HERE, script), *args], env=e,
+        proc = subprocess.Popen([python or PYTHON, os.path.join(HERE, script), *args], env=e,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ranks.append(Rank(r, proc))
     return ranks

@@ -8,9 +8,9 @@ against the same call on a gloo group, over the same inputs. Modes (argv[1]):
             result and its future's value; where gloo fails, chorus fails too. Then
             the ops and tensors chorus refuses, and the order of a sparse allreduce
             among other collectives issued without waiting.
-  mismatch  ranks whose tensors disagree (sizes, sparse_dim, dense_dim, dtype): every
-            rank raises, naming itself and a rank that differs with both tensors; the
-            group stays usable.
+  mismatch  ranks whose tensors disagree (sizes, dense sizes, sparse_dim, dense_dim,
+            dtype): every rank raises, naming itself and a rank that differs, each with
+            its tensor; the group stays usable.
   ddp       DDP with sparse embeddings, trained side by side over gloo and chorus:
             parameters equal bit for bit with two ranks, to CHORUS_PY_DDP_RTOL beyond.
 
@@ -187,20 +187,27 @@ def in_order_among_others():
 
 def mismatch():
     last = n - 1
-    cases = [  # (what, this rank's tensor)
-        ("sizes", make((50 + (rank == last), 4), 1, torch.float32, "overlapping", 1)),
-        ("dtype", make((50, 4), 1, torch.float64 if rank == last else torch.float32,
-                       "overlapping", 2)),
-        ("sparse_dim", make((7, 9), 1 if rank == last else 2, torch.float32, "overlapping", 3)),
-        ("dense_dim", make((7, 9, 3), 2, torch.float32, "overlapping", 4)
-         if rank != last else make((7, 9, 3), 3, torch.float32, "overlapping", 4)),
+    f32 = torch.float32
+    cases = [  # (what, this rank's tensor, what the last rank has, what the others have)
+        ("sizes", make((50 + (rank == last), 4), 1, f32, "overlapping", 1),
+         "Float[51, 4] (sparse_dim 1, dense_dim 1)", "Float[50, 4] (sparse_dim 1, dense_dim 1)"),
+        ("dense sizes", make((50, 4 + (rank == last)), 1, f32, "overlapping", 6),
+         "Float[50, 5] (sparse_dim 1, dense_dim 1)", "Float[50, 4] (sparse_dim 1, dense_dim 1)"),
+        ("dtype", make((50, 4), 1, torch.float64 if rank == last else f32, "overlapping", 2),
+         "Double[50, 4] (sparse_dim 1, dense_dim 1)", "Float[50, 4] (sparse_dim 1, dense_dim 1)"),
+        ("sparse_dim", make((7, 9), 1 if rank == last else 2, f32, "overlapping", 3),
+         "Float[7, 9] (sparse_dim 1, dense_dim 1)", "Float[7, 9] (sparse_dim 2, dense_dim 0)"),
+        ("dense_dim", make((7, 9, 3), 3 if rank == last else 2, f32, "overlapping", 4),
+         "Float[7, 9, 3] (sparse_dim 3, dense_dim 0)", "Float[7, 9, 3] (sparse_dim 2, dense_dim 1)"),
     ]
-    for what, t in cases:
+    for what, t, last_has, others_have in cases:
         other = 0 if rank == last else last
+        mine, theirs = (last_has, others_have) if rank == last else (others_have, last_has)
+        # Both sides, each with its tensor, on every rank.
         raises(lambda: dist.all_reduce(t, group=CH), "chorus allreduce", "disagree",
-               "this rank (rank %d)" % rank, "rank %d has" % other)
+               "this rank (rank %d) has %s" % (rank, mine), "rank %d has %s" % (other, theirs))
         # Nothing but the headers was sent, on every rank: the group still works.
-        against_gloo(make((50, 4), 1, torch.float32, "overlapping", 5), "after a %s mismatch" % what)
+        against_gloo(make((50, 4), 1, f32, "overlapping", 5), "after a %s mismatch" % what)
 
 
 class Bags(nn.Module):

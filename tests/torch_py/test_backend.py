@@ -8,6 +8,7 @@ import tempfile
 import unittest
 
 import ranks
+import victims
 
 ENV = {"PYTHONPATH": os.environ.get("CHORUS_PYTHONPATH", "")}
 
@@ -181,6 +182,39 @@ class DLRMShardedAgainstGloo(unittest.TestCase):
                             self.assertLessEqual(c["issue"], c["wait"])
                             self.assertLessEqual(c["wait"], c["leave"])
 
+
+class DLRMShardedFailures(unittest.TestCase):
+    """dlrm_sharded.py on chorus with one rank killed (SIGKILL) or stopped (SIGSTOP) by
+    its own --fail at step 2, just before the butterfly all_to_all or before DDP's
+    allreduce: every other rank fails step 2 with one line (examples/recsys/faults.py)
+    naming the operation and the victim's rank and host, a killed rank found dead, a
+    stopped one at the job's timeout. Nothing hangs: a survivor still running at the
+    test's deadline (the job's timeout and 120 s) fails the test."""
+
+    SCRIPT = DLRMShardedAgainstGloo.SCRIPT
+    ARGS = DLRMShardedAgainstGloo.SMALL + ["--batch-size", "64", "--steps", "5"]
+
+    def survivors_lines(self, n, victim, phase, signal, timeout_s, nodes=1):
+        return victims.survivors_lines(self, self.SCRIPT, self.ARGS, n, victim, phase, signal,
+                                       timeout_s, nodes, env=ENV)
+
+    def test_killed_rank(self):
+        for n, victim, phase, nodes in ((2, 1, "all_to_all", 1), (2, 1, "allreduce", 1),
+                                        (3, 1, "all_to_all", 1), (3, 1, "allreduce", 1),
+                                        (3, 0, "all_to_all", 1), (3, 2, "allreduce", 3)):
+            with self.subTest(world_size=n, victim=victim, phase=phase, nodes=nodes):
+                for line in self.survivors_lines(n, victim, phase, "kill", 60, nodes):
+                    # Found dead, not by the job's 60 s timeout running out.
+                    self.assertNotIn("timed out", line)
+
+    def test_stopped_rank_times_out(self):
+        for n, victim, phase in ((2, 1, "all_to_all"), (2, 1, "allreduce"),
+                                 (3, 1, "all_to_all"), (3, 2, "allreduce")):
+            with self.subTest(world_size=n, victim=victim, phase=phase):
+                for line in self.survivors_lines(n, victim, phase, "stop", 5):
+                    self.assertIn("timed out", line)
+
+
 class SharedBuckets(unittest.TestCase):
     """torch_chorus.DistributedDataParallel keeps its buckets in node-shared memory
     where the direct path is possible, and trains bit for bit like torch's DDP with
@@ -242,6 +276,24 @@ class Failures(unittest.TestCase):
         for r, seconds, line in self.run_victim("stop", 3, 1, 600, env={"CHORUS_TIMEOUT": "3"}):
             self.assertTrue("timed out" in line or "aborted" in line, line)
             self.assertIn("CHORUS_TIMEOUT=3 (3000 ms) applies", r.err)
+
+
+class PendingCallbacks(unittest.TestCase):
+    """A Python callback on a chorus future still to run when the program exits or
+    destroys its group (exit_worker.py): the exit keeps its status (it was SIGABRT: the
+    thread completing the future asked for the GIL after Python had begun to finalize),
+    and destroy_process_group returns once the callback has run (it waited for good:
+    the group was dropped with the GIL held, the callback waited for it)."""
+
+    def test_exit(self):
+        rs = ranks.run("exit_worker.py", 2, ["exit"], env=ENV, timeout=120)
+        self.assertEqual([r.rc for r in rs], [0, 0], ranks.report(rs))
+        self.assertIn("rank 1 done", rs[1].out, ranks.report(rs))
+
+    def test_destroy(self):
+        rs = ranks.run("exit_worker.py", 2, ["destroy"], env=ENV, timeout=120)
+        ok(self, rs, "")
+        self.assertIn("destroyed; the callback gave 8.0", rs[0].out, ranks.report(rs))
 
 
 class Timeouts(unittest.TestCase):

@@ -51,6 +51,27 @@ class ProcessGroup {
   // dimension is size() times output's.
   Work reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                       ReduceOp op = ReduceOp::kSum);
+  // torch.distributed.all_to_all_single: rank r's input is cut along dim 0 into size()
+  // blocks of rows, block j going to rank j; its output is size() blocks of rows, block
+  // j coming from rank j, in rank order. input_split_sizes[j] is the rows of input sent
+  // to rank j, output_split_sizes[j] the rows of output received from rank j; each, when
+  // empty, is dim 0 / size() rows for every rank (dim 0 must divide evenly). Given, each
+  // has size() entries, none negative, adding up to dim 0. input and output: at least one
+  // dimension, contiguous, the same dtype, not overlapping; a row is everything past dim
+  // 0, and its size may differ between input and output. Any of this wrong throws
+  // InvalidArgumentError naming "alltoall" and the argument, before anything is sent.
+  //
+  // What rank a sends to b must be what b expects from a, counted in elements (rows
+  // times the row's elements). The ranks compare their counts before any data moves: a
+  // disagreement fails the Work on every rank with InvalidArgumentError naming both
+  // ranks and both counts ("... counts disagree between ranks (rank 1 sends 6 elements
+  // to rank 0, which expects 4) ..."), and leaves the group usable. Ranks that pass
+  // other dtypes make different calls: every rank fails (PeerError) naming both, and
+  // the communicator is broken, as for any mismatched call (chorus/communicator.h).
+  // output is written once the Work completes; input may be reused then too.
+  Work alltoall(const at::Tensor& output, const at::Tensor& input,
+                const std::vector<int64_t>& output_split_sizes = {},
+                const std::vector<int64_t>& input_split_sizes = {});
   Work barrier();
   Work send(const at::Tensor& tensor, int peer);
   Work recv(const at::Tensor& tensor, int peer);
