@@ -11,7 +11,8 @@ it, began to wait for it and had its result.
     prof.phase("mlp_fwd")
     ...
     prof.end_step()
-    prof.dump(path)                    # JSON: {"rank", "world", "backend", "steps": [...]}
+    prof.dump(folder)                  # folder/rank<R>.json: {"rank", "world", "backend",
+                                       #   "steps": [...]}
 
 instrument(prof) does the same, without touching the program, for the torch.distributed
 functions a library (TorchRec) calls: a blocking call is a collective named after the
@@ -26,6 +27,7 @@ much of each wait was for the last rank to issue the call.
 """
 import contextlib
 import json
+import os
 import time
 
 
@@ -90,8 +92,10 @@ class StepProfile:
         self.steps.append(self._step)
         self._step = None
 
-    def dump(self, path):
-        with open(path, "w") as f:
+    def dump(self, folder):
+        """Writes folder/rank<R>.json (making the folder if it is not there)."""
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"rank{self.rank}.json"), "w") as f:
             json.dump({"rank": self.rank, "world": self.world, "backend": self.backend,
                        "steps": self.steps}, f)
 
@@ -112,7 +116,7 @@ class Off:
     def end_step(self):
         pass
 
-    def dump(self, path):
+    def dump(self, folder):
         pass
 
 

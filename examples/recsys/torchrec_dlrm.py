@@ -258,9 +258,7 @@ def main(argv):
         samples = sum(args.batch_size + r * args.batch_skew for r in range(world))
         print(f"samples/s {samples * (args.steps - 1) / (time.perf_counter() - began):.1f} "
               f"(steps 1..{args.steps - 1}, {world} ranks, {args.backend})", flush=True)
-    if args.profile:
-        os.makedirs(args.profile, exist_ok=True)
-        prof.dump(os.path.join(args.profile, f"rank{rank}.json"))
+    prof.dump(args.profile)  # Off's does nothing
     if args.trace:
         trace_dist.finish()
         trace_dist.ddp_buckets(model)
