@@ -150,6 +150,10 @@ class CommunicatorImpl final : public Communicator,
   void execute(Op& op, Part&& part) {
     try {
       part();
+      // abort() while it ran: it fails, whatever it managed to exchange meanwhile (a
+      // peer's data may still arrive after the abort, before the wait sees it). The
+      // running operation fails with AbortedError, as communicator.h says.
+      if (abort_requested_.load(std::memory_order_acquire)) return fail_aborted(op);
       if (recorder_.enabled()) recorder_.finished(op.trace_slot, "");
       unfinished_.fetch_sub(1, std::memory_order_acq_rel);
       op.work->complete(nullptr);

@@ -349,12 +349,17 @@ TEST(Failure, AbortInterruptsAWaitingOperation) {
 
 TEST(Failure, AbortFromAnotherThreadWhileWaiting) {
   CommOptions o = test::test_options();
+  // Set once rank 0 has aborted: rank 1 joins only then, whatever the scheduler does to
+  // the aborter's sleep (a loaded machine once held it past a fixed 1 s, rank 1 joined
+  // first and rank 0's allreduce completed before the abort came).
+  std::atomic<bool> aborted{false};
   auto msgs = run_and_collect(2, o, [&](Communicator& c) {
     std::vector<float> buf(10, 1.0f);
     if (c.rank() == 0) {
       std::thread aborter([&] {
         std::this_thread::sleep_for(300ms);
         c.abort("stop now");
+        aborted.store(true);
       });
       auto start = std::chrono::steady_clock::now();
       try {
@@ -369,7 +374,11 @@ TEST(Failure, AbortFromAnotherThreadWhileWaiting) {
     }
     // Rank 1 joins only after rank 0 aborted: it must fail, not hang (the allreduce
     // may still complete with data rank 0 sent before aborting; the barrier cannot).
-    std::this_thread::sleep_for(1s);
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!aborted.load()) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "rank 0 never aborted";
+      std::this_thread::sleep_for(10ms);
+    }
     c.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum).wait();
     c.barrier().wait();
   });
