@@ -42,6 +42,9 @@ def start(script, world_size, args=(), env=None, nodes=1, rank_env=None, python=
                 e[name] = value
         e.update(RANK=str(r), WORLD_SIZE=str(world_size), LOCAL_RANK=str(r % per_node),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        # A rank that dies by a signal (SIGSEGV, SIGABRT) prints every thread's Python
+        # stack on stderr, which report() shows.
+        e.setdefault("PYTHONFAULTHANDLER", "1")
         if nodes > 1:
             e["CHORUS_NODE_ID"] = "simnode%d" % (r // per_node)
         if rank_env:

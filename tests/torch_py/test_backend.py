@@ -198,9 +198,11 @@ class DLRMShardedFailures(unittest.TestCase):
         return victims.survivors_lines(self, self.SCRIPT, self.ARGS, n, victim, phase, signal,
                                        timeout_s, nodes, env=ENV)
 
+    # Each phase is met at 2 and 3 ranks, by a first, middle and last victim, on one node
+    # and on three, killed and stopped; not every combination (each case is a job of its
+    # own: the ten combinations took 171 s of CI's torch 2.15 run).
     def test_killed_rank(self):
-        for n, victim, phase, nodes in ((2, 1, "all_to_all", 1), (2, 1, "allreduce", 1),
-                                        (3, 1, "all_to_all", 1), (3, 1, "allreduce", 1),
+        for n, victim, phase, nodes in ((2, 1, "all_to_all", 1), (3, 1, "allreduce", 1),
                                         (3, 0, "all_to_all", 1), (3, 2, "allreduce", 3)):
             with self.subTest(world_size=n, victim=victim, phase=phase, nodes=nodes):
                 for line in self.survivors_lines(n, victim, phase, "kill", 60, nodes):
@@ -208,8 +210,7 @@ class DLRMShardedFailures(unittest.TestCase):
                     self.assertNotIn("timed out", line)
 
     def test_stopped_rank_times_out(self):
-        for n, victim, phase in ((2, 1, "all_to_all"), (2, 1, "allreduce"),
-                                 (3, 1, "all_to_all"), (3, 2, "allreduce")):
+        for n, victim, phase in ((2, 1, "allreduce"), (3, 1, "all_to_all")):
             with self.subTest(world_size=n, victim=victim, phase=phase):
                 for line in self.survivors_lines(n, victim, phase, "stop", 5):
                     self.assertIn("timed out", line)

@@ -118,12 +118,14 @@ int32_t shm_alltoallv(const Context& ctx, transport::shm::NodeGroup& g, const vo
                       const std::vector<size_t>& recv_displs, const CountsVerdict& verdict);
 void shm_barrier(const Context& ctx, transport::shm::NodeGroup& g);
 
-// ---- alltoallv with its counts agreed first (alltoallv_agreed.cc): every rank learns
-// what each peer will send it and checks it against recv_counts, and the ranks agree on
-// the verdict, so that a mismatch throws InvalidArgumentError on every rank before any
-// data moves, naming the first disagreement this rank saw. Through `g` (shm_alltoallv,
-// which needs g->cma()) when it is not null, pairwise over the transport otherwise.
-// `in` may be `out`.
+// ---- alltoallv with its counts checked (alltoallv_agreed.cc): every rank learns what
+// each peer sends it and checks it against recv_counts, and the ranks agree on the
+// verdict, so that a mismatch throws InvalidArgumentError on every rank, naming the
+// first disagreement the lowest finder saw. Through `g` (shm_alltoallv, which needs
+// g->cma()) when it is not null: the counts are read before any data moves. Over the
+// transport otherwise, in two latencies: each count travels just ahead of its data, and
+// the findings behind it; where the counts disagree, the receive buffer's blocks are
+// unspecified (the streams and the communicator stay usable). `in` may be `out`.
 void alltoallv_agreed(const Context& ctx, transport::shm::NodeGroup* g, const void* in,
                       const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
                       void* out, const std::vector<size_t>& recv_counts,

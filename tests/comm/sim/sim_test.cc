@@ -140,8 +140,10 @@ void gather_scatter_case(RankEnv& env, DataType d, size_t n, int root, bool tree
 }
 
 // Rank `from` sends c(from, to) = n + (from + 2 to) % 3 elements to `to` (none when n is
-// 0), packed in rank order.
-void alltoallv_case(RankEnv& env, DataType d, size_t n) {
+// 0), packed in rank order; with `agreed` through alltoallv_agreed over the transport
+// (the communicator's path wherever the node's segment does not carry it: counts, data
+// and the ranks' findings), else alltoallv_pairwise.
+void alltoallv_case(RankEnv& env, DataType d, size_t n, bool agreed = false) {
   const int size = env.size(), rank = env.rank();
   const size_t elem = dtype_size(d);
   auto c = [&](int from, int to) { return n == 0 ? size_t{0} : n + static_cast<size_t>((from + 2 * to) % 3); };
@@ -153,13 +155,17 @@ void alltoallv_case(RankEnv& env, DataType d, size_t n) {
   }
   Bytes in(send_total * elem), out(recv_total * elem);
   fill_move(d, rank, in.data(), 0, send_total);
-  alg::alltoallv_pairwise(env.begin("alltoallv", d, false, ReduceOp::kSum, 0), in.data(), sc, sd,
-                          out.data(), rc, rd);
+  const alg::Context ctx = env.begin("alltoallv", d, false, ReduceOp::kSum, 0);
+  if (agreed) {
+    alg::alltoallv_agreed(ctx, nullptr, in.data(), sc, sd, out.data(), rc, rd);
+  } else {
+    alg::alltoallv_pairwise(ctx, in.data(), sc, sd, out.data(), rc, rd);
+  }
   for (int q = 0; q < size; ++q) {
     size_t first = 0;  // where q sent it from: the blocks of q's lower destinations
     for (int p = 0; p < rank; ++p) first += c(q, p);
     EXPECT_EQ(check_move(d, q, out.data() + rd[q] * elem, first, rc[q]), "")
-        << at("alltoallv_pairwise", env, d, n) << ", from rank " << q;
+        << at(agreed ? "alltoallv_agreed" : "alltoallv_pairwise", env, d, n) << ", from rank " << q;
   }
 }
 
@@ -216,6 +222,7 @@ void all_algorithms(RankEnv& env, DataType d, ReduceOp op, size_t n) {
     gather_scatter_case(env, d, n, root, true);
   }
   alltoallv_case(env, d, n);
+  alltoallv_case(env, d, n, true);
   alltoall_bruck_case(env, d, n);
   alg::barrier_dissemination(env.begin("barrier", DataType::kUInt8, false, ReduceOp::kSum, 0));
 }
@@ -368,6 +375,7 @@ TEST(Sim1024, SocketsPerRankOfEachCollective) {
 TEST(Sim1024, AlltoallvTalksToEveryRank) {
   Result r = Simulator().run(kRanks, kPerNode, LinkModel{}, [](RankEnv& env) {
     alltoallv_case(env, DataType::kInt64, 1);
+    alltoallv_case(env, DataType::kInt64, 1, true);  // the communicator's, counts checked
   });
   EXPECT_EQ(r.max_peers, static_cast<uint32_t>(kRanks - 1));
 }
@@ -431,6 +439,39 @@ TEST(SimErrors, MismatchedCountNamesBothCalls) {
   });
   EXPECT_TRUE(has(e.what(), "rank 1 called allreduce #1 with f32 × 5, sum"));
   EXPECT_EQ(e.kind(), ErrorKind::kPeer);
+}
+
+// Rank 1 expects one element more, or one fewer, from rank 0 than rank 0 sends it: every
+// rank throws InvalidArgumentError naming both sides (and, but on rank 1, the rank that
+// found it), and nothing breaks: the same ranks' next alltoallv moves every block. Up to
+// 64 ranks the findings go pairwise behind the data, beyond by an allreduce and a
+// broadcast (alltoallv_agreed.cc); 65 and 100 ranks take the second way.
+TEST(SimErrors, AlltoallvCountsThatDisagreeFailOnEveryRank) {
+  for (int ranks : {2, 3, 8, 65, 100}) {
+    for (int delta : {1, -1}) {
+      SCOPED_TRACE(std::to_string(ranks) + " ranks, rank 1 expects 2" + (delta > 0 ? "+1" : "-1"));
+      std::vector<std::string> what(ranks);
+      Simulator().run(ranks, (ranks + 1) / 2, LinkModel{}, [&](RankEnv& env) {
+        const int rank = env.rank();
+        std::vector<size_t> sc(ranks, 2), rc(ranks, 2), sd(ranks), rd(ranks);
+        if (rank == 1) rc[0] = static_cast<size_t>(2 + delta);
+        for (int q = 0; q < ranks; ++q) sd[q] = 2 * q, rd[q] = 3 * q;
+        std::vector<int32_t> in(2 * ranks, rank), out(3 * ranks, -1);
+        try {
+          alg::alltoallv_agreed(env.begin("alltoallv", DataType::kInt32, false, ReduceOp::kSum, 0), nullptr,
+                                in.data(), sc, sd, out.data(), rc, rd);
+        } catch (const InvalidArgumentError& e) {
+          what[rank] = e.what();
+        }
+        alltoallv_case(env, DataType::kInt64, 5, true);  // int32 cannot tell 100 ranks' values apart
+      });
+      const std::string both = "rank 0 sends 2 elements to rank 1, which expects " + std::to_string(2 + delta);
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_TRUE(has(what[r], both)) << "rank " << r;
+        EXPECT_EQ(what[r].find("found by rank 1") != std::string::npos, r != 1) << what[r];
+      }
+    }
+  }
 }
 
 TEST(SimErrors, AThrowingRankFailsItsPeers) {
