@@ -19,11 +19,11 @@
 //
 // Errors: argument errors throw InvalidArgumentError from the issuing call, before any
 // byte is sent, and leave the communicator usable. The one check that needs every
-// rank (alltoallv's counts) fails through the Work, on every rank, also before any
-// data moves and also leaving the communicator usable. A failure during an operation (a
-// dead or misbehaving peer, a timeout) is reported through the Work, names the
-// operation, its sequence number, the peer's rank and host, and aborts the
-// communicator: queued and later operations fail at once with AbortedError.
+// rank (alltoallv's counts) fails through the Work, on every rank, also leaving the
+// communicator usable (the recv buffer's blocks are then unspecified). A failure
+// during an operation (a dead or misbehaving peer, a timeout) is reported through the
+// Work, names the operation, its sequence number, the peer's rank and host, and aborts
+// the communicator: queued and later operations fail at once with AbortedError.
 //
 // Calls that disagree between ranks (another collective at the same place in the
 // order, or the same one with another dtype, count, reduction op or root; a recv of
@@ -320,9 +320,12 @@ class Communicator {
   // recv block p (count elements) = block `rank` of p's send.
   virtual Work alltoall(const void* send, void* recv, size_t count, DataType dtype) = 0;
   // Like alltoall with per-peer counts and displacements (in elements). What rank a
-  // sends to b must equal what b expects from a; this is checked on every rank before
-  // any data moves, and a mismatch fails the Work on every rank with
-  // InvalidArgumentError (naming both ranks and counts where it was found).
+  // sends to b must equal what b expects from a; this is checked on every rank, and a
+  // mismatch fails the Work on every rank with InvalidArgumentError (naming both ranks
+  // and counts where it was found). Over tcp each count travels just ahead of its data
+  // and each rank's finding behind it (two latencies in all), so on a mismatch the recv
+  // buffer's blocks are unspecified (nothing outside them is written; the communicator
+  // stays usable).
   virtual Work alltoallv(const void* send, std::span<const size_t> send_counts,
                          std::span<const size_t> send_displs, void* recv,
                          std::span<const size_t> recv_counts,

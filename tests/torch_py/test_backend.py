@@ -91,8 +91,10 @@ class SparseAgainstGloo(unittest.TestCase):
     against gloo (sparse_worker.py): gloo's results bit for bit, gloo's refusals, an
     error on every rank for tensors that disagree, DDP trained like DDP over gloo."""
 
-    def test_results_world_sizes_1_to_4(self):
-        for n in (1, 2, 3, 4):
+    # Four ranks: on two simulated nodes of two, below (each world size is a job of its
+    # own; shared memory's allgatherv at four ranks is the comm suite's).
+    def test_results_world_sizes_1_to_3(self):
+        for n in (1, 2, 3):
             with self.subTest(world_size=n):
                 ok(self, ranks.run("sparse_worker.py", n, ["results"], env=ENV), "checks ")
 
@@ -105,9 +107,9 @@ class SparseAgainstGloo(unittest.TestCase):
                 ok(self, ranks.run("sparse_worker.py", n, ["mismatch"], env=ENV), "checks ")
 
     def test_ddp_sparse_embeddings(self):
-        # Two ranks: bit for bit. Three and four: the dense Linear's gradients are summed
-        # in another order than gloo's (the sparse ones in gloo's).
-        for n in (2, 3, 4):
+        # Two ranks: bit for bit. Four: the dense Linear's gradients are summed in another
+        # order than gloo's (the sparse ones in gloo's).
+        for n in (2, 4):
             with self.subTest(world_size=n):
                 ok(self, ranks.run("sparse_worker.py", n, ["ddp"], env=ENV), "checks ")
 

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <numeric>
 #include <string>
 
 #include "chorus/error.h"
@@ -50,6 +49,14 @@ std::string describe(const Finding& f) {
 // finder's finding after the data (log2 p latencies, p-1 fewer messages per rank).
 constexpr int kPairwiseFindings = 64;
 
+// `root`'s finding, into `found` on every rank.
+void broadcast_finding(const Context& ctx, Finding& found, int root) {
+  Context detail = ctx;
+  detail.dtype = DataType::kInt64;
+  detail.elem = sizeof(uint64_t);
+  broadcast_binomial(detail, &found, sizeof(Finding) / sizeof(uint64_t), root);
+}
+
 // The lowest rank whose finding is bad (INT32_MAX: none), agreed by every rank; `found`
 // becomes that rank's finding.
 int32_t agree_after_data(const Context& ctx, Finding& found) {
@@ -61,12 +68,7 @@ int32_t agree_after_data(const Context& ctx, Finding& found) {
   agree.reduce_many = nullptr;
   agree.average = false;
   allreduce_recursive_doubling(agree, &first_bad, &first_bad, 1);
-  if (first_bad != INT32_MAX) {
-    Context detail = ctx;
-    detail.dtype = DataType::kInt64;
-    detail.elem = sizeof(uint64_t);
-    broadcast_binomial(detail, &found, sizeof(Finding) / sizeof(uint64_t), first_bad);
-  }
+  if (first_bad != INT32_MAX) broadcast_finding(ctx, found, first_bad);
   return first_bad;
 }
 
@@ -160,12 +162,7 @@ void alltoallv_agreed(const Context& ctx, transport::shm::NodeGroup* g, const vo
       return INT32_MAX;
     };
     first_bad = shm_alltoallv(ctx, *g, in, send_counts, send_displs, out, recv_counts, recv_displs, verdict);
-    if (first_bad != INT32_MAX) {
-      Context detail = ctx;
-      detail.dtype = DataType::kInt64;
-      detail.elem = sizeof(uint64_t);
-      broadcast_binomial(detail, &found, sizeof(Finding) / sizeof(uint64_t), first_bad);
-    }
+    if (first_bad != INT32_MAX) broadcast_finding(ctx, found, first_bad);
   } else {
     first_bad = alltoallv_checked(ctx, in, send_counts, send_displs, out, recv_counts, recv_displs, found);
   }

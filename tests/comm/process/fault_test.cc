@@ -110,6 +110,11 @@ int count_from_env(const char* name, int fallback) {
 }
 
 int scenario_count(int fallback) { return count_from_env("CHORUS_FAULT_SCENARIOS", fallback); }
+// SIGSTOP scenarios: CHORUS_FAULT_STOP_SCENARIOS where set (each waits out the operation
+// timeout), else as scenario_count().
+int stop_scenario_count(int fallback) {
+  return count_from_env("CHORUS_FAULT_STOP_SCENARIOS", scenario_count(fallback));
+}
 
 // Environment variables that would change how a worker starts or runs.
 const std::vector<std::string> kUnset = {
@@ -458,12 +463,12 @@ TEST(FaultKill, ShmTwoNodes) { run_scenarios(Fault::kKill, {"shm", 2}, scenario_
 TEST(FaultKill, ShmOneNodeCrossMemoryAttach) {
   run_scenarios(Fault::kKill, {"shm", 1, "all"}, scenario_count(kKillScenarios));
 }
-TEST(FaultStop, TcpOneNode) { run_scenarios(Fault::kStop, {"tcp", 1}, scenario_count(kStopScenarios)); }
-TEST(FaultStop, TcpTwoNodes) { run_scenarios(Fault::kStop, {"tcp", 2}, scenario_count(kStopScenarios)); }
-TEST(FaultStop, ShmOneNode) { run_scenarios(Fault::kStop, {"shm", 1}, scenario_count(kStopScenarios)); }
-TEST(FaultStop, ShmTwoNodes) { run_scenarios(Fault::kStop, {"shm", 2}, scenario_count(kStopScenarios)); }
+TEST(FaultStop, TcpOneNode) { run_scenarios(Fault::kStop, {"tcp", 1}, stop_scenario_count(kStopScenarios)); }
+TEST(FaultStop, TcpTwoNodes) { run_scenarios(Fault::kStop, {"tcp", 2}, stop_scenario_count(kStopScenarios)); }
+TEST(FaultStop, ShmOneNode) { run_scenarios(Fault::kStop, {"shm", 1}, stop_scenario_count(kStopScenarios)); }
+TEST(FaultStop, ShmTwoNodes) { run_scenarios(Fault::kStop, {"shm", 2}, stop_scenario_count(kStopScenarios)); }
 TEST(FaultStop, ShmOneNodeCrossMemoryAttach) {
-  run_scenarios(Fault::kStop, {"shm", 1, "all"}, scenario_count(kStopScenarios));
+  run_scenarios(Fault::kStop, {"shm", 1, "all"}, stop_scenario_count(kStopScenarios));
 }
 
 // ---------------------------------------------------------------------------------
