@@ -38,6 +38,18 @@ struct Finding {
 static_assert(sizeof(Finding) == 5 * sizeof(uint64_t));
 static_assert(sizeof(size_t) == sizeof(uint64_t), "counts travel as 64-bit words");
 
+// This rank's finding: the first peer, in rank order, whose announced count is not the
+// one this rank expects (both paths name the same one).
+Finding first_disagreement(const std::vector<uint64_t>& announced, const std::vector<size_t>& recv_counts,
+                           int rank) {
+  for (size_t p = 0; p < announced.size(); ++p) {
+    if (announced[p] != recv_counts[p]) {
+      return {1, static_cast<uint64_t>(p), static_cast<uint64_t>(rank), announced[p], recv_counts[p]};
+    }
+  }
+  return {};
+}
+
 std::string describe(const Finding& f) {
   return "rank " + std::to_string(f.sender) + " sends " + std::to_string(f.announced) +
          " elements to rank " + std::to_string(f.receiver) + ", which expects " +
@@ -118,12 +130,7 @@ int32_t alltoallv_checked(const Context& ctx, const void* in, const std::vector<
     }
     t.irecv(from, into, count * elem);
   }
-  // The first disagreement in rank order, as the segment's path names it.
-  for (int p = 0; p < n; ++p) {
-    if (announced[p] == recv_counts[p]) continue;
-    found = {1, static_cast<uint64_t>(p), static_cast<uint64_t>(r), announced[p], recv_counts[p]};
-    break;
-  }
+  found = first_disagreement(announced, recv_counts, r);
   if (n > kPairwiseFindings) {
     t.wait_all();
     return agree_after_data(ctx, found);
@@ -154,12 +161,8 @@ void alltoallv_agreed(const Context& ctx, transport::shm::NodeGroup* g, const vo
   int32_t first_bad;
   if (g != nullptr) {
     auto verdict = [&](const std::vector<uint64_t>& announced) -> int32_t {
-      for (int p = 0; p < ctx.size; ++p) {
-        if (announced[p] == recv_counts[p]) continue;
-        found = {1, static_cast<uint64_t>(p), static_cast<uint64_t>(ctx.rank), announced[p], recv_counts[p]};
-        return ctx.rank;
-      }
-      return INT32_MAX;
+      found = first_disagreement(announced, recv_counts, ctx.rank);
+      return found.bad ? ctx.rank : INT32_MAX;
     };
     first_bad = shm_alltoallv(ctx, *g, in, send_counts, send_displs, out, recv_counts, recv_displs, verdict);
     if (first_bad != INT32_MAX) broadcast_finding(ctx, found, first_bad);
